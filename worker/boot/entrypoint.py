@@ -1,0 +1,184 @@
+"""The image's entry point: prepare the boot, then run the engine (and the worker) under supervisord.
+
+At every boot it rotates MODEL_LOG (so a load line from an earlier boot can never make the worker
+ready), builds the engine's command from the baked BAKERY_ENGINE_CMD and the launch template's
+variables, writes a supervisord configuration and runs supervisord. It stays PID 1 only to forward
+SIGTERM/SIGINT to supervisord and to exit with the status of whichever program died first
+(recorded by watch.py). Runs on the worker's own Python (stdlib + supervisor).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
+WORKER_DIR = Path(__file__).resolve().parent.parent
+VENV_PYTHON = sys.executable
+TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
+# BACKEND=openai is the upstream alias of vllm; the engine program is named after the real engine.
+ALIASES = {"openai": "vllm"}
+
+
+class BootError(Exception):
+    """A launch problem the operator must fix; printed as one line, exit status 2."""
+
+
+def flag(name: str) -> bool:
+    """Read a boolean launch variable strictly: a typo must not silently mean false."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise BootError(f"{name}={os.environ[name]!r} is neither true nor false: set {name}=true or false")
+
+
+def engine_name() -> str:
+    """The engine this image runs, from the baked BACKEND (resolving the openai alias)."""
+    backend = os.environ.get("BACKEND", "").strip()
+    return ALIASES.get(backend, backend) or "engine"
+
+
+def model_log() -> Path:
+    """MODEL_LOG, where the engine's output goes and the worker reads; empty counts as unset."""
+    value = os.environ.get("MODEL_LOG", "")
+    if not value:
+        value = f"/var/log/portal/{engine_name()}.log"
+        os.environ["MODEL_LOG"] = value  # the worker must read the same file
+    path = Path(value)
+    if not path.is_absolute():
+        raise BootError(f"MODEL_LOG={value!r} must be an absolute path")
+    return path
+
+
+def engine_argv() -> list[str]:
+    """The engine's command: BAKERY_ENGINE_CMD with ${VAR} tokens filled, plus the ARGS variable split."""
+    raw = os.environ.get("BAKERY_ENGINE_CMD", "")
+    try:
+        template = json.loads(raw)
+        if not (isinstance(template, list) and template and all(isinstance(a, str) for a in template)):
+            raise ValueError
+    except ValueError:
+        raise BootError(f"BAKERY_ENGINE_CMD={raw!r} is not a JSON list of strings: rebuild the image") from None
+    argv = []
+    for arg in template:
+        match = TOKEN.match(arg)
+        if match:
+            name = match.group(1)
+            value = os.environ.get(name, "")
+            if not value:
+                raise BootError(f"{name} is not set: the launch template must set it (the model to serve)")
+            argv.append(value)
+        else:
+            argv.append(arg)
+    args_var = os.environ.get("BAKERY_ENGINE_ARGS_VAR", "")
+    extra = os.environ.get(args_var, "") if args_var else ""
+    try:
+        argv += shlex.split(extra)
+    except ValueError as exc:
+        raise BootError(f"{args_var}={extra!r} cannot be split into arguments: {exc}") from None
+    return argv
+
+
+def rotate(log: Path) -> None:
+    """Keep the previous boot's log as <log>.1 and start this boot with an empty one."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if log.exists() and log.stat().st_size > 0:
+        log.replace(log.with_name(log.name + ".1"))
+    log.write_bytes(b"")
+
+
+def _ini(value: str) -> str:
+    # supervisord expands %(...)s in its values: a literal % must be doubled.
+    return value.replace("%", "%%")
+
+
+def supervisor_config(engine: str, argv: list[str], log: Path, serverless: bool) -> str:
+    """The supervisord configuration for this boot."""
+    program = f"""
+[program:{engine}]
+command={_ini(shlex.join(argv))}
+stdout_logfile={_ini(str(log))}
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+autorestart=false
+startsecs=0
+startretries=0
+stopwaitsecs=30
+"""
+    worker = f"""
+[program:worker]
+command=/bin/sh {_ini(str(WORKER_DIR / "start_server.sh"))}
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+autorestart=false
+startsecs=0
+startretries=0
+stopwaitsecs=15
+"""
+    return f"""[supervisord]
+nodaemon=true
+user=root
+logfile=/dev/stdout
+logfile_maxbytes=0
+pidfile={RUN_DIR / "supervisord.pid"}
+{program}{worker if serverless else ""}
+[eventlistener:bakery-watch]
+command={_ini(VENV_PYTHON)} {_ini(str(Path(__file__).with_name("watch.py")))}
+events=PROCESS_STATE_EXITED,PROCESS_STATE_FATAL
+stdout_logfile=NONE
+stderr_logfile=/dev/stderr
+stderr_logfile_maxbytes=0
+"""
+
+
+def main() -> int:
+    """Boot the container; returns the exit status of the program that died first."""
+    try:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        lock = open(RUN_DIR / "entrypoint.lock", "w")  # noqa: SIM115 - held for the process lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BootError("the entry point is already running in this container: one engine, one worker") from None
+        serverless = flag("SERVERLESS")
+        engine = engine_name()
+        log = model_log()
+        argv = engine_argv()
+        rotate(log)
+    except BootError as exc:
+        print(f"bakery: {exc}", file=sys.stderr, flush=True)
+        return 2
+    status_file = RUN_DIR / "exit-status"
+    status_file.unlink(missing_ok=True)
+    config = RUN_DIR / "supervisord.conf"
+    config.write_text(supervisor_config(engine, argv, log, serverless), encoding="utf-8")
+    mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
+    print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
+    os.environ["BAKERY_ENGINE_PROGRAM"] = engine
+    supervisord = str(Path(VENV_PYTHON).with_name("supervisord"))
+    child = subprocess.Popen([supervisord, "-c", str(config)])
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    if status_file.exists():
+        return int(status_file.read_text().strip() or 1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
