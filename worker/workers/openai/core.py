@@ -1,0 +1,572 @@
+"""Shared core of bakery's OpenAI-compatible workers (vllm, sglang, llama; openai is an alias).
+
+vLLM, SGLang and llama.cpp serve the same `/v1/completions` and `/v1/chat/completions` surface, so
+one worker proxies all three; each engine's `worker.py` only supplies an `EngineDefaults`. Every
+default can be overridden from the environment (the image bakes per-engine values; see
+docs/architecture.md, "Environment contract (worker)").
+
+The environment is resolved by plain functions that take a mapping, so every rule is unit-tested
+without the SDK. The `vastai` SDK is imported only by `run()`, inside the worker's own venv.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import importlib
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
+DEFAULT_HEALTH_ENDPOINT = "/health"
+DEFAULT_INFO_LINES = ('"message":"Download',)
+# Upstream benchmark sizes (pyworker #88): 3 runs of 10 concurrent requests, 500 max_tokens.
+DEFAULT_BENCHMARK_RUNS = 3
+DEFAULT_BENCHMARK_CONCURRENCY = 10
+DEFAULT_BENCHMARK_MAX_TOKENS = 500
+BENCHMARK_PROMPT_WORDS = 250
+DEFAULT_READINESS = "logs"
+READINESS_MODES = ("logs", "healthcheck")
+DEFAULT_READINESS_TIMEOUT = 1800.0
+DEFAULT_HEALTHCHECK_PROBE_TIMEOUT = 30.0
+# Upstream handler settings: requests may run in parallel, queued up to 10 minutes.
+MAX_QUEUE_TIME = 600.0
+MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")
+ROUTES = ("/v1/completions", "/v1/chat/completions")
+BENCHMARK_ROUTE = "/v1/completions"
+WORDS_FILE = Path(__file__).with_name("benchmark_words.txt")
+# The SDK logs this (and then retries forever) when it cannot start its HTTP servers.
+SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
+
+EXIT_CONFIG = 2  # bad or missing environment
+EXIT_PORT_BUSY = 3  # the worker's port is taken (another worker or another process)
+EXIT_SDK = 4  # the SDK is missing or could not start
+
+_PLATFORM_HINT = "normally set by the Vast.ai platform when it launches the instance"
+
+
+class ConfigError(Exception):
+    """The environment cannot run a worker; each item of `lines` is one user-facing line."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+class PortBusy(Exception):
+    """The worker's port (or the SDK's internal HTTP port) is already taken."""
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    """What one engine's image would bake: its name, log file and log grammar.
+
+    Each field is the fallback for an environment variable: `model_log` for MODEL_LOG,
+    `load_lines` for MODEL_LOAD_LOG_MSG, `error_lines` for MODEL_ERROR_LOG_MSGS, `info_lines` for
+    MODEL_INFO_LOG_MSGS, `health_endpoint` for MODEL_HEALTH_ENDPOINT.
+    """
+
+    engine: str
+    model_log: str
+    load_lines: tuple[str, ...]
+    error_lines: tuple[str, ...]
+    info_lines: tuple[str, ...] = DEFAULT_INFO_LINES
+    health_endpoint: str = DEFAULT_HEALTH_ENDPOINT
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `run()` needs, resolved from an `EngineDefaults` and the environment."""
+
+    engine: str
+    backend: str
+    model_log: str
+    server_url: str  # scheme://host:port, as given or defaulted
+    server_base: str  # scheme://host, what the SDK's WorkerConfig.model_server_url wants
+    server_port: int
+    healthcheck_url: str
+    load_lines: list[str]
+    error_lines: list[str]
+    info_lines: list[str]
+    model_id: str | None
+    benchmark_runs: int
+    benchmark_concurrency: int
+    benchmark_max_tokens: int
+    readiness: str
+    readiness_timeout: float
+    healthcheck_probe_timeout: float
+    worker_port: int
+    worker_http_port: int
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- environment rules
+
+
+def _value(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, or None when it is unset or blank (blank counts as unset)."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return raw
+
+
+def parse_lines(raw: str) -> list[str]:
+    """Split a log-line list: a JSON array of strings (the baked form) or newline-separated text.
+
+    Each item is stripped and empty items are dropped.
+    """
+    text = raw.strip()
+    items: list[str] | None = None
+    if text.startswith("["):
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, list) and all(isinstance(x, str) for x in decoded):
+            items = decoded
+    if items is None:
+        items = raw.splitlines()
+    return [s for item in items if (s := item.strip())]
+
+
+def env_lines(
+    env: Mapping[str, str], name: str, default: tuple[str, ...], warnings: list[str]
+) -> list[str]:
+    """A log-line list from `name`; the default when unset, blank or holding no line."""
+    raw = _value(env, name)
+    if raw is None:
+        return list(default)
+    lines = parse_lines(raw)
+    if not lines:
+        warnings.append(f"{name}={raw!r} holds no log line; using the default {list(default)!r}")
+        return list(default)
+    return lines
+
+
+def env_positive_int(env: Mapping[str, str], name: str, default: int, warnings: list[str]) -> int:
+    """A positive integer from `name`; anything else (text, 0, negative, fraction) → default."""
+    raw = _value(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        warnings.append(f"{name}={raw!r} is not a positive integer; using the default {default}")
+        return default
+    return value
+
+
+def env_positive_float(
+    env: Mapping[str, str], name: str, default: float, warnings: list[str]
+) -> float:
+    """A positive finite number from `name`; text, 0, negative, inf or nan → default."""
+    raw = _value(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        warnings.append(f"{name}={raw!r} is not a positive finite number; using the default {default:g}")
+        return default
+    return value
+
+
+def resolve_model_id(env: Mapping[str, str]) -> str | None:
+    """The served model id: the first non-blank of MODEL_NAME, VLLM_MODEL, SGLANG_MODEL, LLAMA_MODEL."""
+    for name in MODEL_ID_VARS:
+        value = _value(env, name)
+        if value is not None:
+            return value.strip()
+    return None
+
+
+def resolve_server(env: Mapping[str, str]) -> tuple[str, str, int]:
+    """MODEL_SERVER_URL → (url, scheme://host, port). Only an origin is allowed (no path)."""
+    url = (_value(env, "MODEL_SERVER_URL") or DEFAULT_SERVER_URL).strip().rstrip("/")
+    bad = ConfigError([
+        f"MODEL_SERVER_URL={url!r} is not an engine server address: give scheme, host and port "
+        f"only, e.g. {DEFAULT_SERVER_URL}"
+    ])
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise bad
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise bad
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise bad from None
+    host = parts.hostname
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    base = f"{parts.scheme}://{host}"
+    return f"{base}:{port}", base, port
+
+
+def resolve_health_url(endpoint: str, server_url: str) -> str:
+    """A path resolves against the engine server's URL; a full URL is used as is."""
+    endpoint = endpoint.strip()
+    if urlsplit(endpoint).scheme in ("http", "https"):
+        return endpoint
+    return urljoin(server_url + "/", endpoint)
+
+
+def check_platform_env(env: Mapping[str, str]) -> tuple[int, int]:
+    """Check the variables the SDK reads unguarded; return (WORKER_PORT, the SDK's HTTP port).
+
+    Raises ConfigError with one line per missing or malformed variable instead of letting the SDK
+    die on a KeyError (or a ValueError) deep inside.
+    """
+    lines: list[str] = []
+    for name in ("CONTAINER_ID", "REPORT_ADDR", "PUBLIC_IPADDR"):
+        if _value(env, name) is None:
+            lines.append(f"{name} is not set: it is {_PLATFORM_HINT}")
+    container_id = _value(env, "CONTAINER_ID")
+    if container_id is not None and not container_id.strip().lstrip("-").isdigit():
+        lines.append(f"CONTAINER_ID={container_id!r} is not an integer (the instance id)")
+
+    worker_port = http_port = 0
+    raw_port = _value(env, "WORKER_PORT")
+    if raw_port is None:
+        lines.append(f"WORKER_PORT is not set: it is {_PLATFORM_HINT} (bakery images listen on 3000)")
+    elif not raw_port.isdigit() or not 0 < int(raw_port) < 65536:
+        lines.append(f"WORKER_PORT={raw_port!r} is not a port number")
+    else:
+        worker_port = int(raw_port)
+        mapped = f"VAST_TCP_PORT_{raw_port}"
+        if _value(env, mapped) is None:
+            lines.append(
+                f"{mapped} is not set: the Vast.ai platform sets VAST_TCP_PORT_<n> at launch only "
+                f"for mapped ports, so the image must EXPOSE {raw_port} (bakery images EXPOSE 3000)"
+            )
+        raw_http = _value(env, "WORKER_HTTP_PORT")
+        if raw_http is None:
+            http_port = worker_port + 1
+        elif raw_http.strip().isdigit() and 0 < int(raw_http) < 65536:
+            http_port = int(raw_http)
+        else:
+            lines.append(f"WORKER_HTTP_PORT={raw_http!r} is not a port number")
+    if lines:
+        raise ConfigError(lines)
+    return worker_port, http_port
+
+
+def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
+    """Resolve every setting from `defaults` and `env`. Raises ConfigError on unusable input."""
+    warnings: list[str] = []
+    worker_port, http_port = check_platform_env(env)
+    server_url, server_base, server_port = resolve_server(env)
+    health = _value(env, "MODEL_HEALTH_ENDPOINT") or defaults.health_endpoint
+    readiness = (_value(env, "READINESS") or DEFAULT_READINESS).strip().lower()
+    if readiness not in READINESS_MODES:
+        warnings.append(
+            f"READINESS={env.get('READINESS')!r} is not one of {', '.join(READINESS_MODES)}; "
+            f"using {DEFAULT_READINESS}"
+        )
+        readiness = DEFAULT_READINESS
+    return Settings(
+        engine=defaults.engine,
+        backend=(_value(env, "BACKEND") or defaults.engine).strip(),
+        model_log=(_value(env, "MODEL_LOG") or defaults.model_log).strip(),
+        server_url=server_url,
+        server_base=server_base,
+        server_port=server_port,
+        healthcheck_url=resolve_health_url(health, server_url),
+        load_lines=env_lines(env, "MODEL_LOAD_LOG_MSG", defaults.load_lines, warnings),
+        error_lines=env_lines(env, "MODEL_ERROR_LOG_MSGS", defaults.error_lines, warnings),
+        info_lines=env_lines(env, "MODEL_INFO_LOG_MSGS", defaults.info_lines, warnings),
+        model_id=resolve_model_id(env),
+        benchmark_runs=env_positive_int(env, "BENCHMARK_RUNS", DEFAULT_BENCHMARK_RUNS, warnings),
+        benchmark_concurrency=env_positive_int(
+            env, "BENCHMARK_CONCURRENCY", DEFAULT_BENCHMARK_CONCURRENCY, warnings
+        ),
+        benchmark_max_tokens=env_positive_int(
+            env, "BENCHMARK_MAX_TOKENS", DEFAULT_BENCHMARK_MAX_TOKENS, warnings
+        ),
+        readiness=readiness,
+        readiness_timeout=env_positive_float(
+            env, "READINESS_TIMEOUT", DEFAULT_READINESS_TIMEOUT, warnings
+        ),
+        healthcheck_probe_timeout=env_positive_float(
+            env, "HEALTHCHECK_PROBE_TIMEOUT", DEFAULT_HEALTHCHECK_PROBE_TIMEOUT, warnings
+        ),
+        worker_port=worker_port,
+        worker_http_port=http_port,
+        warnings=warnings,
+    )
+
+
+def readiness_kwargs(settings: Settings, config_cls: Any) -> tuple[dict[str, Any], str]:
+    """The readiness arguments `config_cls` (the SDK's WorkerConfig) accepts, and a note to print.
+
+    Feature-detected with inspect.signature: an SDK without health-gated readiness (vastai 1.9.1)
+    gets no readiness argument at all and the worker runs in log mode.
+    """
+    params = inspect.signature(config_cls).parameters
+    if "readiness" not in params:
+        note = "readiness: logs (this vastai SDK has no health-gated readiness"
+        if settings.readiness != "logs":
+            note += f"; READINESS={settings.readiness} ignored"
+        return {}, note + ")"
+    wanted = {
+        "readiness": settings.readiness,
+        "readiness_timeout": settings.readiness_timeout,
+        "healthcheck_probe_timeout": settings.healthcheck_probe_timeout,
+    }
+    kwargs = {k: v for k, v in wanted.items() if k in params}
+    extra = "".join(f", {k}={v:g}" for k, v in kwargs.items() if k != "readiness")
+    return kwargs, f"readiness: {settings.readiness}{extra}"
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def load_words(path: Path = WORDS_FILE) -> list[str]:
+    """The benchmark vocabulary shipped with the worker (one word a line, `#` comments)."""
+    stripped = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    return [word for word in stripped if word and not word.startswith("#")]
+
+
+def benchmark_generator(
+    words: list[str], model_id: str | None, max_tokens: int, rng: random.Random | None = None
+) -> Callable[[], dict[str, Any]]:
+    """A factory of benchmark completion requests (random prompt from `words`).
+
+    Without a model id the field is left out: llama.cpp ignores it and vLLM/SGLang then use
+    their only served model, rather than failing the benchmark outright as upstream did.
+    """
+    choose = (rng or random.Random()).choices  # noqa: S311 (a benchmark prompt, not a secret)
+
+    def generate() -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": " ".join(choose(words, k=BENCHMARK_PROMPT_WORDS)),
+            "temperature": 0.7,
+            "max_tokens": max_tokens,
+        }
+        if model_id:
+            body["model"] = model_id
+        return body
+
+    return generate
+
+
+def request_parser(body: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI body of a request payload (upstream also accepts it wrapped in `input`)."""
+    inner = body.get("input")
+    return inner if isinstance(inner, dict) else body
+
+
+def workload(body: dict[str, Any]) -> float:
+    """A request's workload for the autoscaler: its token budget (0 when it gives none)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def bind_test(port: int) -> None:
+    """Raise PortBusy if a listener holds `port` on any address the SDK would bind (all interfaces).
+
+    Binds the way asyncio's create_server(host=None) does: every passive address, SO_REUSEADDR,
+    IPv6 sockets v6-only. A socket lingering in TIME_WAIT therefore does not count as busy.
+    """
+    infos = socket.getaddrinfo(None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    for family, kind, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # e.g. no IPv6 on this host
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortBusy(f"port {port} is already in use") from None
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+
+
+def claim_port(port: int, lock_dir: Path | None = None) -> int:
+    """Take the per-port worker lock and return its fd (keep it open for the process's life).
+
+    The lock closes the race a bind test alone leaves open: two workers started together (the
+    upstream incident of a worker launched by two paths) both pass a bind test before either binds.
+    """
+    directory = lock_dir or Path(tempfile.gettempdir())
+    path = directory / f"bakery-worker-port-{port}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise PortBusy(f"another bakery worker already runs on port {port} (lock {path})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def claim_ports(settings: Settings, lock_dir: Path | None = None) -> int:
+    """Lock the worker port, then check both ports the SDK will bind; return the lock's fd."""
+    fd = claim_port(settings.worker_port, lock_dir)
+    try:
+        for port in (settings.worker_port, settings.worker_http_port):
+            bind_test(port)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"bakery-worker: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"bakery-worker: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def banner(settings: Settings) -> str:
+    """The first line the worker prints: the real engine, and the alias when BACKEND differs."""
+    line = f"Using worker backend: {settings.engine}"
+    if settings.backend != settings.engine:
+        line += f" (BACKEND={settings.backend} is an alias of {settings.engine})"
+    return line
+
+
+def _import_sdk() -> Any:
+    """The vastai module, with its serverless names checked (vastai turns an ImportError into None)."""
+    try:
+        import vastai
+    except ImportError as exc:
+        _fail(f"the vastai SDK is not importable in {sys.executable}: {exc}", EXIT_SDK)
+    if vastai.Worker is None or vastai.WorkerConfig is None:
+        try:  # re-import the parts vastai/__init__ swallowed, to name what is missing
+            for name in ("vastai.serverless.server.worker", "vastai.sync.client", "vastai.async_.client",
+                         "vastai.serverless.remote"):
+                importlib.import_module(name)
+        except ImportError as exc:
+            _fail(f"vastai's serverless worker cannot be imported in {sys.executable}: {exc}", EXIT_SDK)
+        _fail("vastai's serverless worker cannot be imported (vastai.Worker is None)", EXIT_SDK)
+    return vastai
+
+
+def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple[Any, str]:
+    """The SDK's WorkerConfig for `settings`, and the readiness note to print."""
+    benchmark = sdk.BenchmarkConfig(
+        generator=benchmark_generator(words, settings.model_id, settings.benchmark_max_tokens),
+        runs=settings.benchmark_runs,
+        concurrency=settings.benchmark_concurrency,
+    )
+    handlers = [
+        sdk.HandlerConfig(
+            route=route,
+            allow_parallel_requests=True,
+            max_queue_time=MAX_QUEUE_TIME,
+            request_parser=request_parser,
+            workload_calculator=workload,
+            benchmark_config=benchmark if route == BENCHMARK_ROUTE else None,
+        )
+        for route in ROUTES
+    ]
+    extra, note = readiness_kwargs(settings, sdk.WorkerConfig)
+    config = sdk.WorkerConfig(
+        model_server_url=settings.server_base,
+        model_server_port=settings.server_port,
+        model_log_file=settings.model_log,
+        model_healthcheck_url=settings.healthcheck_url,
+        handlers=handlers,
+        log_action_config=sdk.LogActionConfig(
+            on_load=settings.load_lines,
+            on_error=settings.error_lines,
+            on_info=settings.info_lines,
+        ),
+        **extra,
+    )
+    return config, note
+
+
+class _LaunchFailureExit(logging.Handler):
+    """Exit the process when the SDK reports it could not start its servers (it would loop forever)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(SDK_LAUNCH_FAILURE):
+            print(f"bakery-worker: error: {message}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_PORT_BUSY if "address already in use" in message.lower() else EXIT_SDK)
+
+
+def describe(settings: Settings) -> str:
+    """One line naming what the worker will watch and call (for the first minutes of an incident)."""
+    return (
+        f"bakery-worker: log={settings.model_log} server={settings.server_url} "
+        f"health={settings.healthcheck_url} model={settings.model_id or '(none)'} "
+        f"benchmark={settings.benchmark_runs}x{settings.benchmark_concurrency} "
+        f"max_tokens={settings.benchmark_max_tokens} port={settings.worker_port}"
+    )
+
+
+def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
+    """Resolve the environment, claim the port, build the SDK's WorkerConfig and run the Worker."""
+    env = os.environ if env is None else env
+    try:
+        settings = load_settings(defaults, env)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"bakery-worker: error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    _say(banner(settings))
+    for warning in settings.warnings:
+        _warn(warning)
+    if settings.model_id is None:
+        _warn(f"no model id ({', '.join(MODEL_ID_VARS)} all unset): benchmark requests omit 'model'")
+    words = load_words()
+    if not words:
+        _fail(f"the benchmark word list {WORDS_FILE} is empty", EXIT_CONFIG)
+    sdk = _import_sdk()
+    config, note = build_worker_config(settings, sdk, words)
+    _say(describe(settings))
+    _say(f"bakery-worker: {note}")
+    try:
+        lock_fd = claim_ports(settings)
+    except PortBusy as exc:
+        _fail(f"{exc}: stop the other listener or set WORKER_PORT", EXIT_PORT_BUSY)
+    worker = sdk.Worker(config)
+    # Added after Worker() so the SDK still installs its own log handler on the root logger.
+    logging.getLogger().addHandler(_LaunchFailureExit())
+    try:
+        worker.run()
+    finally:
+        os.close(lock_fd)

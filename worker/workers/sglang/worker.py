@@ -1,0 +1,13 @@
+"""SGLang worker: SGLang's log file and log grammar over the shared OpenAI-compatible core."""
+
+from workers.openai.core import EngineDefaults, run
+
+DEFAULTS = EngineDefaults(
+    engine="sglang",
+    model_log="/var/log/portal/sglang.log",
+    load_lines=("The server is fired up and ready to roll!",),
+    error_lines=("INFO exited: sglang", "Traceback (most recent call last):"),
+)
+
+if __name__ == "__main__":
+    run(DEFAULTS)
