@@ -43,7 +43,7 @@ def pip_download(
         for plat in platforms:
             cmd += ["--platform", plat]
     cmd += args
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise BuildError(f"pip download {' '.join(args)} failed: {last}")

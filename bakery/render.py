@@ -6,6 +6,7 @@ baked value reaches the container byte for byte, or rendering refuses it.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -71,12 +72,13 @@ def static_labels(spec: EngineSpec, base_image: str) -> dict[str, str]:
     }
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - Dockerfiles, not HTML
+        autoescape=False,  # noqa: S701 - Dockerfiles, not HTML: nothing to escape
     )
 
 

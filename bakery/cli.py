@@ -1,0 +1,163 @@
+"""Argument parsing and exit codes for build.py (0 ok, 1 build/verification failed, 2 bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bakery import __version__
+from bakery.errors import BakeryError, InputError
+from bakery.render import RenderOptions, render
+from bakery.spec import EngineSpec, available_engines, load_engine
+
+EPILOG = """\
+examples:
+  python build.py --list                             engines and their base images
+  python build.py --engine llama --show              what the llama image bakes, for template authors
+  python build.py --engine llama --render-only       print the rendered Dockerfile
+  python build.py --all --render-only --out out/     write out/<engine>/Dockerfile for every engine
+  python build.py --engine llama --local             build on this machine's llama.cpp base and verify
+  python build.py --engine vllm --base-image REF     build on another base image and verify
+  python build.py --all --local --json               build + verify every engine, JSON summary
+  python build.py --engine llama --push --repository ghcr.io/acme
+                                                     verify, then push the verified digest
+
+exit codes: 0 success, 1 a build or a verification check failed, 2 bad input
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line (no usage dump) on bad options."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"build.py: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The build.py argument parser."""
+    p = _Parser(
+        prog="build.py",
+        allow_abbrev=False,
+        description="Render, build and verify serverless-ready images for OpenAI-compatible engines.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"bakery {__version__}")
+    pick = p.add_argument_group("which engines")
+    pick.add_argument("--engine", action="append", metavar="NAME", default=[],
+                      help="an engine from images/<NAME>.yaml (repeatable), e.g. --engine llama")
+    pick.add_argument("--all", action="store_true", help="every engine in images/")
+    what = p.add_argument_group("what to do (default: render, build, verify, tag)")
+    what.add_argument("--list", action="store_true", help="list engines with their base images")
+    what.add_argument("--show", action="store_true",
+                      help="print the resolved configuration: each variable, its baked value, its source, "
+                           "and what a launch template must still set")
+    what.add_argument("--render-only", action="store_true",
+                      help="print the rendered Dockerfile (or write one per engine with --out); no Docker")
+    what.add_argument("--out", type=Path, metavar="DIR",
+                      help="with --render-only: write DIR/<engine>/Dockerfile instead of printing")
+    what.add_argument("--bake-file", type=Path, metavar="PATH",
+                      help="write a `docker buildx bake` file (JSON) for the chosen engines and exit")
+    what.add_argument("--no-verify", action="store_true",
+                      help="build only; the image gets no release tag (an unverified image is never tagged)")
+    what.add_argument("--push", action="store_true", help="after the gate passes, push the verified image")
+    base = p.add_argument_group("where the image comes from")
+    base.add_argument("--local", action="store_true",
+                      help="build on the base made on this machine (spec base.local: the real llama.cpp, "
+                           "or the vLLM/SGLang stand-ins); needs no registry")
+    base.add_argument("--base-image", metavar="REF", help="build on this base image instead of the spec's")
+    base.add_argument("--repository", metavar="PREFIX", default="bakery",
+                      help="image repository prefix for tags, e.g. ghcr.io/acme (default: bakery)")
+    out = p.add_argument_group("output")
+    out.add_argument("--quiet", action="store_true", help="print only errors and the final result")
+    out.add_argument("--json", action="store_true", help="print a machine-readable JSON summary on stdout")
+    return p
+
+
+def _engines(args: argparse.Namespace) -> list[EngineSpec]:
+    names = available_engines() if args.all else args.engine
+    if not names:
+        raise InputError(f"no engine chosen: pass --engine NAME (one of {', '.join(available_engines())}) or --all")
+    seen: list[str] = []
+    for name in names:
+        if name not in seen:
+            seen.append(name)
+    return [load_engine(name) for name in seen]
+
+
+def cmd_list() -> int:
+    """Print each engine with its production and local base."""
+    for name in available_engines():
+        spec = load_engine(name)
+        print(f"{spec.name:8} {spec.base.image:45} local: {spec.base.local or '-':15} {spec.description}")
+    return 0
+
+
+def cmd_render(specs: list[EngineSpec], args: argparse.Namespace) -> int:
+    """--render-only: print or write the Dockerfiles."""
+    for spec in specs:
+        rendered = render(spec, _render_options(spec, args))
+        if args.out:
+            target = args.out / spec.name / "Dockerfile"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(rendered.dockerfile, encoding="utf-8")
+            if not args.quiet:
+                print(f"wrote {target}", file=sys.stderr)
+        else:
+            if len(specs) > 1:
+                print(f"# ===== {spec.name} =====")
+            sys.stdout.write(rendered.dockerfile)
+    return 0
+
+
+def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions:
+    if args.base_image:
+        return RenderOptions(base_image=args.base_image)
+    if args.local:
+        from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
+
+        if not spec.base.local:
+            raise InputError(f"images/{spec.name}.yaml: base.local is not set, so --local has no base to use")
+        return RenderOptions(base_image=BASES[spec.base.local].ref)
+    return RenderOptions()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run build.py; returns the process exit code."""
+    args = make_parser().parse_args(argv)
+    try:
+        if args.out and not args.render_only:
+            raise InputError("--out goes with --render-only")
+        if args.list:
+            return cmd_list()
+        specs = _engines(args)
+        if args.show:
+            from bakery.show import show
+
+            for spec in specs:
+                print(show(spec))
+            return 0
+        if args.render_only:
+            return cmd_render(specs, args)
+        if args.bake_file:
+            from bakery.bakefile import write_bake_file
+
+            write_bake_file(specs, args.bake_file, local=args.local, repository=args.repository)
+            return 0
+        from bakery.pipeline import run_pipeline
+
+        summary = run_pipeline(specs, args)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        return 0 if all(item["ok"] for item in summary["engines"]) else 1
+    except BakeryError as exc:
+        print(f"build.py: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("build.py: interrupted", file=sys.stderr)
+        return 130

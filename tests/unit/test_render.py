@@ -1,0 +1,113 @@
+"""Rendering: the bake reaches the Dockerfile exactly, templates are strict, and a 4th engine is data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bakery import render as render_mod
+from bakery.errors import InputError
+from bakery.render import RenderOptions, baked_env, render
+from bakery.spec import IMAGES_DIR, available_engines, load_engine, load_spec_file, parse_spec
+from tests.unit.dockerfile_model import env_of, instructions
+
+ENGINES = available_engines()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rendered_bake_matches_the_spec(engine: str) -> None:
+    spec = load_engine(engine)
+    rendered = render(spec)
+    env = env_of(rendered.dockerfile)
+    for name, value in spec.bake.env.items():
+        want = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if isinstance(value, list) else value
+        assert env[name] == want
+    assert json.loads(env["BAKERY_ENGINE_CMD"]) == spec.engine.command
+    assert "18000" in json.loads(env["BAKERY_ENGINE_CMD"])
+    assert ("EXPOSE", "3000") in instructions(rendered.dockerfile)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_worker_layers_come_after_the_engine_layers(engine: str) -> None:
+    final = instructions(render(load_engine(engine)).dockerfile)
+    kinds = [ins for ins, _ in final]
+    copy_worker = next(i for i, (ins, args) in enumerate(final) if ins == "COPY" and "worker/" in args)
+    first_env = kinds.index("ENV")
+    assert kinds[0] == "FROM" and copy_worker < first_env  # bake changes never rebuild the worker
+    assert kinds[-1] == "ENTRYPOINT"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_labels_are_rendered(engine: str) -> None:
+    text = render(load_engine(engine)).dockerfile
+    for label in ("org.opencontainers.image.title", "org.opencontainers.image.source",
+                  "org.opencontainers.image.revision", "org.opencontainers.image.version",
+                  "org.opencontainers.image.created", "org.opencontainers.image.base.name", "ai.bakery.backend"):
+        assert label in text
+
+
+def test_base_image_override() -> None:
+    rendered = render(load_engine("vllm"), RenderOptions(base_image="example/base:1"))
+    assert ("FROM", "example/base:1") in instructions(rendered.dockerfile)
+
+
+def test_undefined_template_variable_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "strict.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
+                                                   "RUN echo {{ no_such_thing }}{% endblock %}")
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
+    monkeypatch.setattr(render_mod, "_environment", lambda: jinja2.Environment(loader=loader,
+                                                                               undefined=jinja2.StrictUndefined))
+    data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
+    data["template"] = "strict.Dockerfile.j2"
+    with pytest.raises(InputError, match="undefined variable: 'no_such_thing' is undefined"):
+        render(parse_spec(data, "images/vllm.yaml"))
+
+
+def test_missing_template_is_one_clear_line() -> None:
+    data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
+    data["template"] = "nope.Dockerfile.j2"
+    with pytest.raises(InputError, match="templates/nope.Dockerfile.j2 does not exist"):
+        render(parse_spec(data, "images/vllm.yaml"))
+
+
+def test_a_fourth_engine_is_one_yaml_file(tmp_path: Path) -> None:
+    # The README's example: TGI-style engine, no template of its own.
+    text = (IMAGES_DIR / "vllm.yaml").read_text().replace("name: vllm", "name: tgi")
+    data = yaml.safe_load(text)
+    data["template"] = "base.Dockerfile.j2"
+    data["engine"]["command"] = ["text-generation-launcher", "--model-id", "${TGI_MODEL}", "--port", "18000"]
+    data["engine"].update(model_var="TGI_MODEL", args_var="TGI_ARGS")
+    data["bake"]["env"].update(BACKEND="vllm", MODEL_LOG="/var/log/portal/tgi.log")
+    path = tmp_path / "tgi.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    rendered = render(load_spec_file(path))
+    assert env_of(rendered.dockerfile)["MODEL_LOG"] == "/var/log/portal/tgi.log"
+
+
+# ---- property: any representable bake value comes back exact from the rendered ENV ------------
+
+value_text = st.text(st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)), max_size=40)
+line_text = value_text.filter(lambda s: s and s.strip() == s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(extra=st.dictionaries(st.from_regex(r"X_[A-Z0-9_]{1,8}", fullmatch=True), value_text, max_size=4),
+       errors=st.lists(line_text, min_size=1, max_size=4), health=value_text.map(lambda s: "/" + s.replace(" ", "")))
+def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: list, health: str) -> None:
+    data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
+    data["bake"]["env"].update(extra)
+    data["bake"]["env"]["MODEL_ERROR_LOG_MSGS"] = errors
+    if not any(c.isspace() for c in health):
+        data["bake"]["env"]["MODEL_HEALTH_ENDPOINT"] = health
+    spec = parse_spec(data, "images/llama.yaml")
+    rendered_env = env_of(render(spec).dockerfile)
+    assert {k: rendered_env[k] for k in baked_env(spec)} == baked_env(spec)
+    assert json.loads(rendered_env["MODEL_ERROR_LOG_MSGS"]) == errors
+    for name, value in extra.items():
+        assert rendered_env[name] == value

@@ -1,0 +1,135 @@
+"""Spec loading: every bad input is one line naming the file and key, exit code 2 from build.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bakery.errors import InputError
+from bakery.secrets import secret_reason
+from bakery.spec import IMAGES_DIR, REQUIRED_BAKE, available_engines, load_engine, load_spec_file
+
+GOOD = (IMAGES_DIR / "llama.yaml").read_text()
+
+
+def write(tmp_path: Path, text: str, name: str = "llama") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def mutate(tmp_path: Path, change) -> Path:
+    data = yaml.safe_load(GOOD)
+    change(data)
+    return write(tmp_path, yaml.safe_dump(data, sort_keys=False))
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(InputError) as info:
+        load_spec_file(path)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_three_engines_load_with_the_reference_values() -> None:
+    assert available_engines() == ["llama", "sglang", "vllm"]
+    loads = {"llama": "model loaded", "vllm": "Application startup complete.",
+             "sglang": "The server is fired up and ready to roll!"}
+    for name, load_line in loads.items():
+        spec = load_engine(name)
+        env = spec.bake.env
+        assert env["BACKEND"] == name
+        assert env["MODEL_LOG"] == f"/var/log/portal/{name}.log"
+        assert env["MODEL_LOAD_LOG_MSG"] == [load_line]
+        assert env["MODEL_HEALTH_ENDPOINT"] == "/health"
+        assert f"INFO exited: {name}" in env["MODEL_ERROR_LOG_MSGS"]
+        assert env["MODEL_INFO_LOG_MSGS"] == ['"message":"Download']
+        assert spec.bake.expose == [3000]
+
+
+def test_unknown_engine_names_the_valid_ones() -> None:
+    with pytest.raises(InputError, match="choose one of llama, sglang, vllm"):
+        load_engine("tgi")
+
+
+def test_broken_yaml_names_file_line_and_column(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "name: llama\nbake: [unclosed\n"))
+    assert message.startswith(f"{tmp_path}/llama.yaml:")
+    assert "invalid YAML" in message
+
+
+def test_duplicate_key_is_refused_not_silently_overwritten(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, GOOD + "\nname: llama\n"))
+    assert "duplicate key 'name'" in message
+
+
+def test_unknown_key(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"].update(exposed=[3000])))
+    assert message == f"{tmp_path}/llama.yaml: bake.exposed: unknown key"
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d.update(version=6550)))
+    assert message.startswith(f"{tmp_path}/llama.yaml: version: must be a string")
+
+
+def test_missing_key(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["engine"].pop("model_var")))
+    assert message == f"{tmp_path}/llama.yaml: engine.model_var: missing required key"
+
+
+@pytest.mark.parametrize("name", REQUIRED_BAKE)
+def test_missing_baked_variable(tmp_path: Path, name: str) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].pop(name)))
+    assert message.endswith(f"bake.env: missing required variable {name}")
+
+
+def test_model_log_must_be_absolute(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update(MODEL_LOG="logs/llama.log")))
+    assert message == f"{tmp_path}/llama.yaml: bake.env: MODEL_LOG: must be an absolute path"
+
+
+def test_list_variable_must_be_a_list(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update(MODEL_LOAD_LOG_MSG="model loaded")))
+    assert "MODEL_LOAD_LOG_MSG: must be a list of log lines" in message
+
+
+def test_typo_in_worker_variable_gets_a_suggestion(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update(MODEL_LOAD_LOG_MSGS=["x"])))
+    assert "did you mean MODEL_LOAD_LOG_MSG?" in message
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
+                                  "MASTER_TOKEN", "hf_token", "GCP_CREDENTIALS"])
+def test_secret_named_variable_is_refused(tmp_path: Path, name: str) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update({name: "x"})))
+    assert f"bake.env: {name}: looks like a credential" in message
+    assert "launch template at run time" in message
+
+
+@pytest.mark.parametrize("name", ["BENCHMARK_MAX_TOKENS", "TOKENIZER_PATH", "MONKEY", "KEYBOARD_LAYOUT", "BACKEND"])
+def test_ordinary_names_are_not_secrets(name: str) -> None:
+    assert secret_reason(name) is None
+
+
+def test_worker_port_must_be_exposed(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"].update(expose=[8080])))
+    assert "bake.expose: must include 3000" in message
+
+
+def test_command_must_carry_the_model(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["engine"].update(command=["/app/llama-server"])))
+    assert "engine: command must contain the token '${LLAMA_MODEL}'" in message
+
+
+def test_name_must_match_file(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, GOOD, name="other"))
+    assert "name: is 'llama' but the file is other.yaml" in message
+
+
+def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
+    message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update(EXTRA="a\nb")))
+    assert "bake.env: EXTRA: contains a newline" in message
