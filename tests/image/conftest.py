@@ -1,0 +1,120 @@
+"""Fixtures of the verification gate: which image, and the containers launched from it.
+
+Two modes. Gate mode (build.py): `--bakery-image ID --bakery-engine NAME` verifies that exact image.
+Suite mode (plain pytest): every engine's image is built on its local base first, then verified.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import pytest
+
+from bakery.render import baked_env
+from bakery.spec import EngineSpec, available_engines, load_engine
+from tests.image.launch import Launched, launch, serverless_env
+
+READY_TIMEOUT = 120.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("bakery gate")
+    group.addoption("--bakery-image", help="verify this image id (build.py's gate mode)")
+    group.addoption("--bakery-engine", help="the engine of --bakery-image")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames:
+        given = metafunc.config.getoption("--bakery-engine")
+        metafunc.parametrize("engine", [given] if given else available_engines(), scope="session")
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> docker.DockerClient:
+    """The Docker engine; its absence fails under CI=true and skips elsewhere."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Docker is required under CI=true and is not reachable: {exc}")
+        pytest.skip(f"Docker is not reachable: {exc}")
+    return client
+
+
+@dataclass(frozen=True)
+class ImageUnderTest:
+    """The image the gate verifies and what its spec says it must carry."""
+
+    engine: str
+    spec: EngineSpec
+    image_id: str
+    expected_env: dict[str, str]
+
+
+_BUILT: dict[str, str] = {}
+
+
+def build_local_image(spec: EngineSpec) -> str:
+    """Suite mode: build the engine's image on its local base (Docker's layer cache makes repeats cheap)."""
+    if spec.name not in _BUILT:
+        from bakery import bases
+        from bakery.builder import build_image
+        from bakery.render import RenderOptions, render
+
+        bases.ensure_base("debian")
+        base = bases.ensure_base(spec.base.local)
+        _BUILT[spec.name] = build_image(render(spec, RenderOptions(base_image=base)), lambda _m: None).image_id
+    return _BUILT[spec.name]
+
+
+@pytest.fixture(scope="session")
+def image(engine: str, request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> ImageUnderTest:
+    """The image under test: the given id in gate mode, a fresh local build in suite mode."""
+    spec = load_engine(engine)
+    image_id = request.config.getoption("--bakery-image") or build_local_image(spec)
+    return ImageUnderTest(engine=engine, spec=spec, image_id=image_id, expected_env=baked_env(spec))
+
+
+@pytest.fixture(scope="session")
+def image_attrs(image: ImageUnderTest, docker_client: docker.DockerClient) -> dict:
+    """`docker inspect` of the image, read from the host (not from inside a container)."""
+    return docker_client.images.get(image.image_id).attrs
+
+
+class Containers:
+    """Every container the gate starts, removed at the end of the session."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+        self.started: list[Launched] = []
+
+    def launch(self, image: ImageUnderTest, env: dict[str, str], label: str) -> Launched:
+        launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}")
+        self.started.append(launched)
+        return launched
+
+    def remove_all(self) -> None:
+        for launched in self.started:
+            try:
+                launched.container.remove(force=True)
+            except docker.errors.DockerException:
+                pass
+
+
+@pytest.fixture(scope="session")
+def containers(docker_client: docker.DockerClient):
+    registry = Containers(docker_client)
+    yield registry
+    registry.remove_all()
+
+
+@pytest.fixture(scope="session")
+def serverless(image: ImageUnderTest, containers: Containers) -> Launched:
+    """A serverless launch with nothing baked passed in; waits (bounded) for the worker to be ready."""
+    launched = containers.launch(image, serverless_env(image.spec), "serverless")
+    launched.wait_for(lambda: launched.host.file("/var/lib/bakery/worker/.has_benchmark").exists, READY_TIMEOUT)
+    return launched

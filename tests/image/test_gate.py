@@ -1,0 +1,144 @@
+"""The verification gate: what every engine image must show before it gets a release tag.
+
+Each test is one named check; build.py reports the names of the ones that fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from bakery.secrets import secret_reason
+from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest
+from tests.image.launch import BENCHMARK_FILE, CLIENT, WORKER_PYTHON, Launched, serverless_env
+
+REQUIRED_LABELS = (
+    "org.opencontainers.image.title", "org.opencontainers.image.source", "org.opencontainers.image.revision",
+    "org.opencontainers.image.version", "org.opencontainers.image.created", "org.opencontainers.image.base.name",
+    "ai.bakery.backend",
+)
+
+
+def config_env(attrs: dict) -> dict[str, str]:
+    """Config.Env as a mapping (split on the first '=')."""
+    return dict(item.split("=", 1) for item in attrs["Config"]["Env"] or [])
+
+
+# ---- image configuration (docker inspect from the host) ---------------------------------------
+
+
+@pytest.mark.config
+def test_baked_env_is_exact(image: ImageUnderTest, image_attrs: dict) -> None:
+    env = config_env(image_attrs)
+    missing = [name for name in image.expected_env if name not in env]
+    assert not missing, f"not baked: {missing}"
+    wrong = {name: (env[name], want) for name, want in image.expected_env.items() if env[name] != want}
+    assert not wrong, f"baked values differ (got, want): {wrong}"
+
+
+@pytest.mark.config
+def test_worker_port_exposed(image_attrs: dict) -> None:
+    assert "3000/tcp" in (image_attrs["Config"].get("ExposedPorts") or {}), "EXPOSE 3000 is missing"
+
+
+@pytest.mark.config
+def test_labels_present(image: ImageUnderTest, image_attrs: dict) -> None:
+    labels = image_attrs["Config"].get("Labels") or {}
+    missing = [name for name in REQUIRED_LABELS if not labels.get(name)]
+    assert not missing, f"labels missing or empty: {missing}"
+    assert labels["ai.bakery.backend"] == image.expected_env["BACKEND"]
+
+
+@pytest.mark.config
+def test_no_secret_in_env_or_history(image: ImageUnderTest, image_attrs: dict, docker_client) -> None:
+    secret_env = [name for name in config_env(image_attrs) if secret_reason(name)]
+    assert not secret_env, f"credential-like variables baked into the image: {secret_env}"
+    history = docker_client.images.get(image.image_id).history()
+    assignments = {m.group(1) for step in history for m in re.finditer(r"\b([A-Za-z_][A-Za-z0-9_]*)=\S",
+                                                                           step.get("CreatedBy") or "")}
+    leaked = sorted(name for name in assignments if secret_reason(name))
+    assert not leaked, f"credential-like assignments in docker history: {leaked}"
+
+
+# ---- the baked BACKEND resolves to a running worker --------------------------------------------
+
+
+@pytest.mark.resolution
+def test_backend_resolves_to_worker(image: ImageUnderTest, serverless: Launched) -> None:
+    backend = image.expected_env["BACKEND"]
+    assert serverless.host.file(f"/opt/bakery/worker/workers/{backend}/worker.py").exists, \
+        f"workers/{backend}/worker.py is not in the image"
+    banner = f"Using worker backend: {image.spec.name}"
+    assert serverless.wait_for(lambda: banner in serverless.logs(), 30), \
+        f"no '{banner}' in the container's output:\n{serverless.logs()[-2000:]}"
+
+
+@pytest.mark.resolution
+def test_worker_listens_on_3000(serverless: Launched) -> None:
+    ok = serverless.wait_for(lambda: serverless.host.socket("tcp://0.0.0.0:3000").is_listening, 30)
+    assert ok, f"nothing listens on 0.0.0.0:3000:\n{serverless.logs()[-2000:]}"
+
+
+# ---- the engine serves through the worker (local bases) ----------------------------------------
+
+
+@pytest.mark.serve
+def test_engine_listens_on_18000(serverless: Launched) -> None:
+    ok = serverless.wait_for(lambda: serverless.host.socket("tcp://127.0.0.1:18000").is_listening, 60)
+    assert ok, "the engine does not listen on 127.0.0.1:18000"
+
+
+@pytest.mark.serve
+def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> None:
+    log = image.expected_env["MODEL_LOG"]
+    lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
+    ok = serverless.wait_for(lambda: any(line in serverless.file_text(log) for line in lines), 60)
+    assert ok, f"no load line {lines} in {log}:\n{serverless.file_text(log)[-2000:]}"
+
+
+@pytest.mark.serve
+def test_worker_ready_benchmark_written(serverless: Launched) -> None:
+    ok = serverless.wait_for(lambda: serverless.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT)
+    assert ok, f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
+
+
+@pytest.mark.serve
+def test_completion_and_chat_through_worker(serverless: Launched) -> None:
+    serverless.wait_for(lambda: serverless.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT)
+    result = serverless.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000")
+    assert result.rc == 0, f"client failed (rc {result.rc}):\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.mark.serve
+def test_launch_template_override_wins(image: ImageUnderTest, containers: Containers) -> None:
+    override = "/tmp/override/engine.log"
+    launched = containers.launch(image, serverless_env(image.spec, MODEL_LOG=override), "override")
+    assert launched.wait_for(lambda: launched.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT), \
+        f"not ready with MODEL_LOG overridden:\n{launched.logs()[-2000:]}"
+    lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
+    assert any(line in launched.file_text(override) for line in lines), "the engine did not log to the override"
+    assert not launched.host.file(image.expected_env["MODEL_LOG"]).exists, "the baked MODEL_LOG was still used"
+
+
+@pytest.mark.resolution
+def test_empty_backend_fails_loudly(image: ImageUnderTest, containers: Containers) -> None:
+    launched = containers.launch(image, serverless_env(image.spec, BACKEND=""), "nobackend")
+    assert launched.wait_for(lambda: not launched.running(), 60), "the container kept running with BACKEND=''"
+    assert launched.exit_code() != 0
+    assert "BACKEND" in launched.logs() and "vllm" in launched.logs(), \
+        f"no loud message naming BACKEND and the valid backends:\n{launched.logs()[-2000:]}"
+
+
+@pytest.mark.serve
+def test_engine_load_failure_reported(image: ImageUnderTest, containers: Containers) -> None:
+    # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
+    env = serverless_env(image.spec, STANDIN_FAIL_LOAD="1")
+    if image.spec.name == "llama":
+        env[image.spec.engine.model_var] = "/models/missing.gguf"
+    launched = containers.launch(image, env, "loadfail")
+    assert launched.wait_for(lambda: not launched.running(), 90), "the container kept running after the engine died"
+    logs = launched.logs()
+    assert launched.exit_code() != 0, "the container exited 0 after the engine failed"
+    assert re.search(r"error", logs, re.IGNORECASE), f"the worker did not report the error:\n{logs[-3000:]}"
