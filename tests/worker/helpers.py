@@ -1,0 +1,261 @@
+"""Helpers for the worker's host tests: real SDK, real processes on loopback, no Docker.
+
+The worker runs through worker/start_server.sh with the lean venv of bakery.worker_env
+(WORKER_PYTHON), against a stand-in engine (vllm, sglang) or the real llama.cpp (xllamacpp), with the
+offline platform environment of REFERENCE.md §1. REPORT_ADDR points at a local HTTP server that
+records the SDK's status reports and serves it a real public key (so the SDK's key fetch succeeds
+and does not mark the worker errored after ~15 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER_DIR = REPO / "worker"
+START_SERVER = WORKER_DIR / "start_server.sh"
+HERE = Path(__file__).resolve().parent
+STANDIN = HERE / "standin_engine.py"
+LLAMA_ENGINE = HERE / "llama_engine.py"
+RESERVED_PORTS = {3000, 3001, 18000}  # containers and other tests use these
+
+if str(WORKER_DIR) not in sys.path:
+    sys.path.insert(0, str(WORKER_DIR))  # `workers.openai.core` for the unit tests
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SDK_READY = "marking model as loaded"  # the SDK's debug line once benchmark and health passed
+
+
+# --------------------------------------------------------------------------- ports and processes
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))  # noqa: S104 (the SDK binds all interfaces: test the same)
+        except OSError:
+            return False
+    return True
+
+
+def free_port_pair() -> int:
+    """A free port P with P+1 free too (the SDK also binds WORKER_PORT+1), never a reserved one."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port + 1 < 65536 and not {port, port + 1} & RESERVED_PORTS and _bindable(port) and _bindable(port + 1):
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+def free_port() -> int:
+    """One free loopback port."""
+    return free_port_pair()
+
+
+class Proc:
+    """A child process (own process group) whose stdout+stderr go to a file that tests can wait on."""
+
+    def __init__(self, cmd: list[str], output: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.output = output
+        self.cmd = cmd
+        self._file = open(output, "ab")  # noqa: SIM115 (closed in stop())
+        self.popen = subprocess.Popen(cmd, stdout=self._file, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def text(self) -> str:
+        """Everything the process wrote so far."""
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def wait_for(self, pattern: str, timeout: float = 30.0, *, regex: bool = False) -> str:
+        """Wait until the output contains `pattern` (substring, or a regex); return the output."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.text
+            if (re.search(pattern, text) if regex else pattern in text):
+                return text
+            if self.popen.poll() is not None:
+                code = self.popen.returncode
+                raise AssertionError(f"{self.cmd[-1]} exited {code} before {pattern!r}:\n{text[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} within {timeout} s from {self.cmd[-1]}:\n{text[-4000:]}")
+            time.sleep(0.05)
+
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        """Wait for the process to exit by itself; return its exit code."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.cmd[-1]} still runs after {timeout} s:\n{self.text[-4000:]}") from None
+
+    def stop(self) -> None:
+        """Terminate the process group (kill after 5 s)."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._file.close()
+
+
+# --------------------------------------------------------------------------- the report server
+
+
+class ReportServer:
+    """Stands in for the autoscaler at REPORT_ADDR: serves /pubkey/, records every POST."""
+
+    def __init__(self, pubkey: str):
+        self.reports: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = pubkey.encode() if self.path.rstrip("/") == "/pubkey" else b"not found"
+                self.send_response(200 if self.path.rstrip("/") == "/pubkey" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    data = json.loads(raw or b"{}")
+                except ValueError:
+                    data = {"raw": raw.decode(errors="replace")}
+                with outer._lock:
+                    outer.reports.append((self.path, data))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """The /worker_status/ reports received so far."""
+        with self._lock:
+            return [data for path, data in self.reports if path.rstrip("/").endswith("/worker_status")]
+
+    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        """Wait for a status report that satisfies `predicate`; return it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for status in self.statuses():
+                if predicate(status):
+                    return status
+            time.sleep(0.1)
+        raise AssertionError(f"no matching status report within {timeout} s; got {self.statuses()[-3:]}")
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --------------------------------------------------------------------------- session resources
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def platform_env(port: int, report_url: str) -> dict[str, str]:
+    """The offline Vast.ai platform environment (REFERENCE.md §1) for a worker on `port`."""
+    return {
+        "WORKER_PORT": str(port),
+        f"VAST_TCP_PORT_{port}": str(port),
+        "CONTAINER_ID": "1",
+        "REPORT_ADDR": report_url,
+        "PUBLIC_IPADDR": "127.0.0.1",
+        "UNSECURED": "true",
+        "USE_SSL": "false",
+    }
+
+
+def worker_env_for(
+    backend: str, worker_python: Path, state: Path, port: int, report_url: str, **overrides: str | None
+) -> dict[str, str]:
+    """A clean environment for start_server.sh: platform vars, tiny benchmark, then `overrides`.
+
+    An override of None removes the variable.
+    """
+    env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
+    env.update(platform_env(port, report_url))
+    env.update({
+        "BACKEND": backend,
+        "WORKER_PYTHON": str(worker_python),
+        "WORKER_STATE_DIR": str(state),
+        "BENCHMARK_RUNS": "1",
+        "BENCHMARK_CONCURRENCY": "1",
+        "BENCHMARK_MAX_TOKENS": "8",
+    })
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str = "worker") -> Proc:
+    """Run worker/start_server.sh with `env` (as an image's supervisord would: plain sh)."""
+    proc = Proc(["sh", str(START_SERVER)], tmp_path / f"{name}.out", env=env, cwd=tmp_path)
+    procs.append(proc)
+    return proc
+
+
+def start_standin(engine: str, port: int, log: Path, procs: list[Proc], *extra: str) -> Proc:
+    """Run the in-test vLLM/SGLang stand-in on 127.0.0.1:`port`, its output appended to `log`."""
+    proc = Proc([sys.executable, str(STANDIN), engine, "--port", str(port), "--model", "standin-model", *extra], log)
+    procs.append(proc)
+    return proc
+
+
+def start_llama(llama_python: Path, model: Path, port: int, log: Path, procs: list[Proc]) -> Proc:
+    """Run the real llama.cpp server on 127.0.0.1:`port`, its output appended to `log`."""
+    proc = Proc([str(llama_python), str(LLAMA_ENGINE), "--model", str(model), "--port", str(port)], log)
+    procs.append(proc)
+    return proc
+
+
+def post_enveloped(port: int, route: str, payload: dict[str, Any], reqnum: int = 1,
+                   timeout: float = 120.0) -> tuple[int, bytes, str]:
+    """POST `payload` in the SDK's auth_data/payload envelope to the worker; (status, body, type)."""
+    import urllib.error
+    import urllib.request
+
+    auth = {"cost": "8", "endpoint": "test", "reqnum": reqnum, "request_idx": reqnum, "signature": "", "url": route}
+    data = json.dumps({"auth_data": auth, "payload": payload}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (loopback http)
+            return response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers.get("Content-Type", "")

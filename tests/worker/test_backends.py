@@ -1,0 +1,139 @@
+"""End to end, per backend: the real SDK in the lean venv, started by start_server.sh, over an engine.
+
+vllm, sglang and the openai alias run over the in-test stand-in (the real engines need a GPU);
+llama runs over the real llama.cpp (xllamacpp) serving the real SmolLM2 model. Each test: the
+banner, the load line seen, a tiny benchmark run (the file appears), a completion and a chat request
+(plus a streamed one) through the worker in the SDK envelope, then an error line reported errored to
+REPORT_ADDR.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from workers.llama.worker import DEFAULTS as LLAMA
+from workers.openai.core import EngineDefaults
+from workers.sglang.worker import DEFAULTS as SGLANG
+from workers.vllm.worker import DEFAULTS as VLLM
+
+from tests.worker.helpers import (
+    SDK_READY,
+    Proc,
+    ReportServer,
+    free_port,
+    free_port_pair,
+    post_enveloped,
+    start_llama,
+    start_standin,
+    start_worker,
+    worker_env_for,
+)
+
+pytestmark = pytest.mark.slow
+
+ENGINE_DEFAULTS = {"vllm": VLLM, "sglang": SGLANG, "llama": LLAMA, "openai": VLLM}
+
+
+def _check_answers(port: int, engine: str, model_id: str) -> None:
+    """A completion, a chat and a streamed chat through the worker return the engine's answer."""
+    status, body, _ = post_enveloped(port, "/v1/completions",
+                                     {"model": model_id, "prompt": "The capital of France is", "max_tokens": 8},
+                                     reqnum=101)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["object"] == "text_completion"
+    assert answer["choices"][0]["text"]
+    status, body, _ = post_enveloped(
+        port, "/v1/chat/completions",
+        {"model": model_id, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}, reqnum=102)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["content"]
+    if engine != "llama":  # the stand-in names itself in every answer
+        assert f"{engine} stand-in" in answer["choices"][0]["message"]["content"]
+    status, body, content_type = post_enveloped(
+        port, "/v1/chat/completions",
+        {"model": model_id, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 8, "stream": True},
+        reqnum=103)
+    assert status == 200, body
+    assert content_type.startswith("text/event-stream")
+    assert b"data: " in body and b"[DONE]" in body
+
+
+def _run_backend(backend: str, engine_log: Path, engine_port: int, start_engine, worker_first: bool,
+                 tmp_path: Path, worker_python: Path, report: ReportServer, procs: list[Proc],
+                 model_id: str) -> None:
+    defaults: EngineDefaults = ENGINE_DEFAULTS[backend]
+    port = free_port_pair()
+    state = tmp_path / "state"
+    env = worker_env_for(backend, worker_python, state, port, report.url, MODEL_LOG=str(engine_log),
+                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", MODEL_NAME=model_id)
+    if worker_first:  # the worker waits for the log file to appear
+        worker = start_worker(tmp_path, env, procs)
+        worker.wait_for("beginning log tracking")
+        engine = start_engine()
+    else:  # the load line is already in the log when the worker starts: it must not be missed
+        engine = start_engine()
+        engine.wait_for(defaults.load_lines[0], timeout=120)
+        worker = start_worker(tmp_path, env, procs)
+
+    out = worker.wait_for(SDK_READY, timeout=180)
+    banner = f"Using worker backend: {defaults.engine}"
+    assert out.splitlines()[0].startswith(banner)
+    if backend == "openai":
+        assert "BACKEND=openai is an alias of vllm" in out.splitlines()[0]
+    assert "Got log line indicating model is loaded" in out
+    assert (state / ".has_benchmark").is_file()
+    assert float((state / ".has_benchmark").read_text()) > 0
+    _check_answers(port, defaults.engine, model_id)
+
+    # An error line (supervisord's exit notice, first in every engine's list) makes it report errored.
+    error_line = defaults.error_lines[0]
+    with engine_log.open("a") as log:
+        log.write(f"2026-01-01 00:00:00,000 {error_line} (exit status 1; not expected)\n")
+    worker.wait_for("Got log line indicating error")
+    status = report.wait_status(lambda s: s.get("error_msg") == error_line, timeout=30)
+    assert status["id"] == 1
+    assert status["url"] == f"http://127.0.0.1:{port}"
+    assert "No module named" not in worker.text
+
+
+@pytest.mark.parametrize(("backend", "worker_first"), [("vllm", False), ("sglang", True), ("openai", False)])
+def test_standin_backend(backend: str, worker_first: bool, tmp_path: Path, worker_python: Path,
+                         report_server: ReportServer, procs: list[Proc]) -> None:
+    """vllm / sglang / the openai alias over the stand-in that prints the engine's own log lines."""
+    engine = "vllm" if backend == "openai" else backend
+    engine_port = free_port()
+    log = tmp_path / f"{engine}.log"
+    _run_backend(backend, log, engine_port, lambda: start_standin(engine, engine_port, log, procs), worker_first,
+                 tmp_path, worker_python, report_server, procs, "standin-model")
+
+
+def test_llama_backend_real_llama_cpp(tmp_path: Path, worker_python: Path, report_server: ReportServer,
+                                      procs: list[Proc], llama_python: Path, smollm2: Path) -> None:
+    """llama over the real llama.cpp server with the real SmolLM2 model (load line: `model loaded`)."""
+    engine_port = free_port()
+    log = tmp_path / "llama.log"
+    _run_backend("llama", log, engine_port, lambda: start_llama(llama_python, smollm2, engine_port, log, procs),
+                 False, tmp_path, worker_python, report_server, procs, "smollm2")
+
+
+def test_llama_real_load_failure_reports_errored(tmp_path: Path, worker_python: Path, report_server: ReportServer,
+                                                 procs: list[Proc], llama_python: Path) -> None:
+    """A model file llama.cpp cannot load: its own error lines make the worker report errored."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    engine_port, port = free_port(), free_port_pair()
+    log = tmp_path / "llama.log"
+    engine = start_llama(llama_python, bad, engine_port, log, procs)
+    assert engine.wait_exit(60) != 0
+    env = worker_env_for("llama", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
+                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", LLAMA_MODEL="smollm2")
+    worker = start_worker(tmp_path, env, procs)
+    worker.wait_for("Got log line indicating error")
+    status = report_server.wait_status(lambda s: bool(s.get("error_msg")), timeout=30)
+    assert status["error_msg"] in LLAMA.error_lines
+    assert not (tmp_path / "state" / ".has_benchmark").exists()
