@@ -1,0 +1,738 @@
+"""Engine-independent parts of the stand-ins: switches, argument parsing, answers, HTTP server, run loop.
+
+An engine profile (`bakery_standin.vllm_engine`, `bakery_standin.sglang_engine`) supplies what differs:
+its command line, its log grammar and when its port opens. `run()` drives the common timeline:
+
+    banner -> [vLLM: bind the port, not listening] -> load (STANDIN_LOAD_SECONDS) -> loaded
+    vLLM:   warm-up (port still closed) -> listen -> ready line           /health: refused, then 200
+    SGLang: bind + listen -> warm-up (/health 503) -> ready line           /health: 503, then 200
+    -> serve until SIGTERM/SIGINT (exit 0) or STANDIN_CRASH_AFTER_LOAD (fatal lines, /health 503, exit 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TextIO
+
+# ---------------------------------------------------------------------------------------------------
+# Output: every line is written whole and flushed at once (engine logs are tailed by the worker).
+
+_write_lock = threading.Lock()
+
+
+def emit(line: str, stream: TextIO | None = None) -> None:
+    """Write one log line (or several, newline-separated) to `stream` (default stdout) and flush."""
+    out = stream if stream is not None else sys.stdout
+    with _write_lock:
+        out.write(line if line.endswith("\n") else line + "\n")
+        out.flush()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Switches
+
+
+class UsageError(Exception):
+    """A bad switch or argument: printed as one line, exit code 2."""
+
+
+def _env_float(env: dict[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise UsageError(f"{name} must not be negative, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Options:
+    """The stand-in's switches, read from the environment (all optional).
+
+    STANDIN_LOAD_SECONDS      time spent "loading the model" before the port opens (default 2).
+    STANDIN_WARMUP_SECONDS    time spent warming up after the load (default: vLLM 0, SGLang 1);
+                              vLLM's port is still closed then, SGLang's answers /health with 503.
+    STANDIN_FAIL_LOAD         `1` (or `load`): print the engine's real fatal start-up lines instead of
+                              loading and exit 1. `warmup`: fail during warm-up instead (SGLang's
+                              "Initialization failed. warmup error"; vLLM treats it like `1`).
+    STANDIN_FAIL_REASON       the root-cause line printed by STANDIN_FAIL_LOAD / STANDIN_CRASH_AFTER_LOAD.
+    STANDIN_CRASH_AFTER_LOAD  seconds after becoming ready, the engine dies: it prints the engine's
+                              runtime fatal lines, /health answers 503 and requests 500 for
+                              STANDIN_EXIT_DELAY seconds, then the process exits 1.
+    STANDIN_EXIT_DELAY        see above (default 1).
+    STANDIN_TOKEN_DELAY       seconds per generated token, streaming or not (default 0).
+    STANDIN_REPLY_TOKENS      tokens in a full answer, finish_reason "stop" (default 12); a smaller
+                              max_tokens truncates it with finish_reason "length".
+    """
+
+    load_seconds: float = 2.0
+    warmup_seconds: float = 0.0
+    fail_load: str = ""
+    fail_reason: str = ""
+    crash_after_load: float | None = None
+    exit_delay: float = 1.0
+    token_delay: float = 0.0
+    reply_tokens: int = 12
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, *, warmup_default: float = 0.0) -> Options:
+        env = dict(os.environ if env is None else env)
+        fail = env.get("STANDIN_FAIL_LOAD", "").strip().lower()
+        if fail in ("", "0", "false", "no"):
+            fail = ""
+        elif fail in ("1", "true", "yes", "load"):
+            fail = "load"
+        elif fail != "warmup":
+            raise UsageError(f"STANDIN_FAIL_LOAD must be 1, load or warmup, got {fail!r}")
+        raw_tokens = env.get("STANDIN_REPLY_TOKENS", "").strip() or "12"
+        if not raw_tokens.isdigit() or int(raw_tokens) < 1:
+            raise UsageError(f"STANDIN_REPLY_TOKENS must be a positive integer, got {raw_tokens!r}")
+        return cls(
+            load_seconds=_env_float(env, "STANDIN_LOAD_SECONDS", 2.0) or 0.0,
+            warmup_seconds=_env_float(env, "STANDIN_WARMUP_SECONDS", warmup_default) or 0.0,
+            fail_load=fail,
+            fail_reason=env.get("STANDIN_FAIL_REASON", "").strip(),
+            crash_after_load=_env_float(env, "STANDIN_CRASH_AFTER_LOAD", None),
+            exit_delay=_env_float(env, "STANDIN_EXIT_DELAY", 1.0) or 0.0,
+            token_delay=_env_float(env, "STANDIN_TOKEN_DELAY", 0.0) or 0.0,
+            reply_tokens=int(raw_tokens),
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command lines: tolerant parsing (real users pass engine arguments the stand-in does not know).
+
+
+@dataclass
+class Flag:
+    """A known flag: `names` (first is canonical), `arity` 0 (boolean), 1 (one value) or "+" (values)."""
+
+    names: tuple[str, ...]
+    arity: int | str = 1
+    dest: str = ""
+    used: bool = True  # False: accepted for compatibility, has no effect in the stand-in
+
+    def __post_init__(self) -> None:
+        if not self.dest:
+            self.dest = self.names[0].lstrip("-").replace("-", "_")
+
+
+@dataclass
+class Parsed:
+    values: dict[str, Any] = field(default_factory=dict)
+    positionals: list[str] = field(default_factory=list)
+    given: list[str] = field(default_factory=list)  # canonical flag names given, in order
+    ignored: list[str] = field(default_factory=list)  # known flags without effect, with their values
+    unknown: list[str] = field(default_factory=list)  # unknown flags, with the values we took for them
+
+
+def parse_tolerant(argv: list[str], flags: list[Flag]) -> Parsed:
+    """Parse `argv` against `flags`; unknown flags are kept (not fatal) in `Parsed.unknown`.
+
+    An unknown `--flag` followed by a arg that does not start with `-` is taken as `--flag VALUE`
+    (the common case, e.g. `--dtype half`); otherwise as a boolean flag. `--flag=value` works for all.
+    """
+    table = {name: flag for flag in flags for name in flag.names}
+    out = Parsed()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--":
+            out.positionals.extend(argv[i:])
+            break
+        if not arg.startswith("-") or arg == "-" or _is_number(arg):
+            out.positionals.append(arg)
+            continue
+        name, eq, inline = arg.partition("=")
+        flag = table.get(name)
+        if flag is None:
+            entry = [arg]
+            if not eq and i < len(argv) and not argv[i].startswith("-"):
+                entry.append(argv[i])
+                i += 1
+            out.unknown.extend(entry)
+            continue
+        if flag.arity == 0:
+            value: Any = True
+            if eq:
+                value = inline.lower() not in ("0", "false", "no")
+            consumed = [arg]
+        elif flag.arity == 1:
+            if eq:
+                value = inline
+            elif i < len(argv):
+                value = argv[i]
+                i += 1
+            else:
+                raise UsageError(f"argument {name}: expected one argument")
+            consumed = [arg] if eq else [arg, value]
+        else:
+            items = [inline] if eq else []
+            while not eq and i < len(argv) and not argv[i].startswith("-"):
+                items.append(argv[i])
+                i += 1
+            if not items:
+                raise UsageError(f"argument {name}: expected at least one argument")
+            value = items
+            consumed = [arg, *([] if eq else items)]
+        out.values[flag.dest] = value
+        out.given.append(flag.names[0])
+        if not flag.used:
+            out.ignored.extend(consumed)
+    return out
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_port(raw: Any, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        port = int(raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"argument --port: invalid int value: {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"argument --port: {port} is not a TCP port")
+    return port
+
+
+# ---------------------------------------------------------------------------------------------------
+# Answers: deterministic text derived from the request, so tests can compare exact strings.
+
+WORDS = (
+    "amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "harbor", "island", "jasper",
+    "kelp", "lumen", "maple", "nectar", "orbit", "pebble", "quartz", "river", "spruce", "tundra",
+    "umber", "valley", "willow", "xenon", "yarrow", "zephyr", "anchor", "beacon", "canyon", "dune",
+    "echo", "fern", "glacier", "heron", "iris", "juniper", "kestrel", "lagoon", "meadow", "nimbus",
+    "oak", "prairie", "quill", "reef", "summit", "thistle", "upland", "vapor", "wren", "yonder",
+)
+
+
+def reply_tokens(seed: str, count: int) -> list[str]:
+    """The first `count` tokens of the deterministic answer to `seed` (joined they form the text).
+
+    The answer starts with "Stand-in answer:" so nobody mistakes it for a model's output.
+    """
+    tokens = ["Stand", "-in", " answer", ":"]
+    digest = hashlib.sha256(seed.encode("utf-8", "replace")).digest()
+    n = 0
+    while len(tokens) < count:
+        if n and n % len(digest) == 0:
+            digest = hashlib.sha256(digest).digest()
+        tokens.append(" " + WORDS[digest[n % len(digest)] % len(WORDS)])
+        n += 1
+    return tokens[:count]
+
+
+def count_tokens(text: str) -> int:
+    """A rough token count (whitespace words), enough for `usage` and context-length checks."""
+    return len(text.split())
+
+
+def message_text(messages: list[Any]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+class RequestError(Exception):
+    """An OpenAI-style error answer: status code and message."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configuration of one run (from the command line) and its state.
+
+
+@dataclass
+class ServeConfig:
+    model: str  # what was asked to load (path or hub id)
+    served_name: str  # the id in /v1/models and in answers
+    host: str  # as given ("" = all interfaces)
+    port: int
+    max_model_len: int = 4096
+    api_key: str | None = None
+    access_log: bool = True
+    skip_warmup: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class State:
+    STARTING = "starting"
+    READY = "ready"
+    DEAD = "dead"
+
+    def __init__(self) -> None:
+        self.value = self.STARTING
+        self.requests = 0
+        self.lock = threading.Lock()
+
+
+class EngineProfile:
+    """What one engine contributes; subclasses override the hooks. See vllm_engine / sglang_engine."""
+
+    name = "engine"
+    display = "Engine"
+    version = "0"
+    owned_by = "engine"
+    bind_early = False  # bind (not listen) before loading, as vLLM does
+    listen_before_ready = False  # listen during warm-up answering /health 503, as SGLang does
+    warmup_default = 0.0
+    default_fail_reason = "RuntimeError: stand-in failure"
+    default_warmup_reason = "RuntimeError: stand-in warm-up failure"
+    default_crash_reason = "RuntimeError: stand-in crash"
+
+    def parse(self, argv: list[str]) -> ServeConfig:
+        raise NotImplementedError
+
+    # Log hooks: each prints the engine's lines for one moment of the timeline.
+    def banner(self, cfg: ServeConfig, opts: Options) -> None: ...
+    def loading(self, cfg: ServeConfig) -> None: ...
+    def loaded(self, cfg: ServeConfig, seconds: float) -> None: ...
+    def listening(self, cfg: ServeConfig) -> None: ...
+    def ready(self, cfg: ServeConfig) -> None: ...
+    def fatal_load(self, cfg: ServeConfig, reason: str) -> None: ...
+    def fatal_warmup(self, cfg: ServeConfig, reason: str) -> None: ...
+    def crash(self, cfg: ServeConfig, reason: str) -> None: ...
+    def bind_error(self, cfg: ServeConfig, exc: OSError) -> None: ...
+    def shutdown(self, cfg: ServeConfig) -> None: ...
+    def access(self, client: str, method: str, path: str, status: int) -> None: ...
+
+    def extra_routes(self) -> dict[tuple[str, str], Callable[[Handler, dict[str, Any]], None]]:
+        return {}
+
+    def display_host(self, cfg: ServeConfig) -> str:
+        host = cfg.host or "0.0.0.0"  # noqa: S104 - how engines print "all interfaces"
+        return f"[{host}]" if ":" in host else host
+
+
+# ---------------------------------------------------------------------------------------------------
+# HTTP
+
+
+class StandinServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, profile: EngineProfile, cfg: ServeConfig, opts: Options, state: State) -> None:
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        self.address_family = family
+        super().__init__((cfg.host, cfg.port), Handler, bind_and_activate=False)
+        self.profile = profile
+        self.cfg = cfg
+        self.opts = opts
+        self.state = state
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    server: StandinServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the engine's own access-log format is printed by send_head()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def send_head(self, status: int, content_type: str, length: int | None) -> None:
+        self.send_response_only(status)
+        self.send_header("date", self.date_time_string())
+        self.send_header("server", "uvicorn")
+        self.send_header("content-type", content_type)
+        if length is None:
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            self.send_header("content-length", str(length))
+        self.end_headers()
+        if self.server.cfg.access_log:
+            path = self.path
+            self.server.profile.access(self._client(), self.command, path, status)
+
+    def _client(self) -> str:
+        host, port = self.client_address[:2]
+        return f"{host}:{port}"
+
+    def send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_head(status, "application/json", len(data))
+        self.wfile.write(data)
+
+    def send_empty(self, status: int) -> None:
+        self.send_head(status, "application/json", 0)
+
+    def send_error_json(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        self.send_json(status, error_body(status, message, kind))
+
+    def read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            raise RequestError(400, "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        return body
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def sse(self, payload: Any) -> None:
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        self.chunk(f"data: {text}\n\n".encode())
+
+    # -- dispatch ---------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self.dispatch("GET")
+
+    def do_POST(self) -> None:
+        self.dispatch("POST")
+
+    def dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        routes = {**BASE_ROUTES, **self.server.profile.extra_routes()}
+        handler = routes.get((method, path))
+        try:
+            if handler is None:
+                if any(p == path for (_, p) in routes):
+                    self.send_json(405, {"detail": "Method Not Allowed"})
+                else:
+                    self.send_json(404, {"detail": "Not Found"})
+                return
+            body = self.read_json() if method == "POST" else {}
+            handler(self, body)
+        except RequestError as exc:
+            self.send_error_json(exc.status, str(exc), exc.kind)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    # -- state gates ------------------------------------------------------------------------------
+
+    def require_ready(self, *, auth: bool = True, starting_ok: bool = False) -> None:
+        state = self.server.state.value
+        if state == State.DEAD:
+            raise RequestError(500, "EngineCore encountered an issue. See stack trace (above) for "
+                               "the root cause.", "EngineDeadError")
+        if state != State.READY and not starting_ok:
+            raise RequestError(503, "The server is starting up.", "ServiceUnavailableError")
+        key = self.server.cfg.api_key
+        if auth and key and self.headers.get("authorization", "") != f"Bearer {key}":
+            raise RequestError(401, "Unauthorized", "AuthenticationError")
+
+    def check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        cfg = self.server.cfg
+        if model and model not in (cfg.served_name, cfg.model):
+            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+
+def _health(h: Handler, _body: dict[str, Any]) -> None:
+    h.send_empty(200 if h.server.state.value == State.READY else 503)
+
+
+def _models(h: Handler, _body: dict[str, Any]) -> None:
+    h.require_ready()
+    cfg = h.server.cfg
+    h.send_json(200, {"object": "list", "data": [{
+        "id": cfg.served_name, "object": "model", "created": int(time.time()),
+        "owned_by": h.server.profile.owned_by, "root": cfg.model, "parent": None,
+        "max_model_len": cfg.max_model_len,
+    }]})
+
+
+def _max_tokens(body: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(400, f"{key} must be at least 1, got {value!r}.")
+        return value
+    return None
+
+
+def _n_choices(body: dict[str, Any]) -> int:
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
+        raise RequestError(400, f"n must be an integer between 1 and 16, got {n!r}.")
+    return n
+
+
+def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[str, Any],
+              max_tokens: int | None) -> None:
+    """Answer a completion (`kind` "text") or chat completion (`kind` "chat"), streaming or not."""
+    cfg, opts, profile = h.server.cfg, h.server.opts, h.server.profile
+    full = opts.reply_tokens
+    count = min(full, max_tokens) if max_tokens else full
+    if prompt_tokens + (max_tokens or count) > cfg.max_model_len:
+        raise RequestError(400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
+                           f"However, you requested {prompt_tokens + (max_tokens or count)} tokens "
+                           f"({prompt_tokens} in the messages, {max_tokens or count} in the "
+                           "completion). Please reduce the length of the messages or completion.")
+    finish = "length" if count < full else "stop"
+    n = _n_choices(body)
+    choices = [reply_tokens(f"{seed}\x00{i}" if i else seed, count) for i in range(n)]
+    with h.server.state.lock:
+        h.server.state.requests += 1
+    created = int(time.time())
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    fingerprint = f"{profile.name}-{profile.version}"
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count * n,
+             "total_tokens": prompt_tokens + count * n}
+    if not body.get("stream"):
+        if opts.token_delay:
+            time.sleep(opts.token_delay * count)
+        out = []
+        for i, tokens in enumerate(choices):
+            text = "".join(tokens)
+            if kind == "chat":
+                out.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": finish})
+            else:
+                out.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+        h.send_json(200, {"id": rid, "object": obj, "created": created, "model": cfg.served_name,
+                          "system_fingerprint": fingerprint, "choices": out, "usage": usage})
+        return
+    h.send_head(200, "text/event-stream; charset=utf-8", None)
+    obj += ".chunk" if kind == "chat" else ""
+    head = {"id": rid, "object": obj, "created": created, "model": cfg.served_name,
+            "system_fingerprint": fingerprint}
+
+    def choice(i: int, piece: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+        if kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if piece is not None:
+                delta["content"] = piece
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": i, "text": piece or "", "logprobs": None, "finish_reason": reason}
+
+    if kind == "chat":
+        for i in range(n):
+            h.sse({**head, "choices": [choice(i, "", None, role=True)]})
+    for step in range(count):
+        if opts.token_delay:
+            time.sleep(opts.token_delay)
+        for i, tokens in enumerate(choices):
+            h.sse({**head, "choices": [choice(i, tokens[step], None)]})
+    for i in range(n):
+        h.sse({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]})
+    options = body.get("stream_options") or {}
+    if isinstance(options, dict) and options.get("include_usage"):
+        h.sse({**head, "choices": [], "usage": usage})
+    h.sse("[DONE]")
+    h.chunk(b"")
+
+
+def _completions(h: Handler, body: dict[str, Any]) -> None:
+    h.require_ready()
+    h.check_model(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        prompt = "\n".join(prompt)
+    if not isinstance(prompt, str):
+        raise RequestError(400, "prompt must be a string or a list of strings.")
+    _generate(h, "text", prompt, count_tokens(prompt), body, _max_tokens(body, "max_tokens"))
+
+
+def _chat(h: Handler, body: dict[str, Any]) -> None:
+    h.require_ready()
+    h.check_model(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages must be a non-empty list.")
+    text = message_text(messages)
+    _generate(h, "chat", text, count_tokens(text) + 4 * len(messages), body,
+              _max_tokens(body, "max_completion_tokens", "max_tokens"))
+
+
+BASE_ROUTES: dict[tuple[str, str], Callable[[Handler, dict[str, Any]], None]] = {
+    ("GET", "/health"): _health,
+    ("GET", "/v1/models"): _models,
+    ("POST", "/v1/completions"): _completions,
+    ("POST", "/v1/chat/completions"): _chat,
+}
+
+
+def generate_route(h: Handler, body: dict[str, Any]) -> None:
+    """SGLang's native /generate: {"text": ..., "sampling_params": {"max_new_tokens": N}}."""
+    h.require_ready(auth=False, starting_ok=True)  # SGLang's own warm-up calls it while starting
+    text = body.get("text", "")
+    if isinstance(text, list):
+        text = "\n".join(str(t) for t in text)
+    params = body.get("sampling_params") or {}
+    max_new = params.get("max_new_tokens") if isinstance(params, dict) else None
+    full = h.server.opts.reply_tokens
+    count = min(full, max_new) if isinstance(max_new, int) and max_new > 0 else full
+    h.send_json(200, {"text": "".join(reply_tokens(str(text), count)), "meta_info": {
+        "id": uuid.uuid4().hex, "finish_reason": {"type": "length" if count < full else "stop"},
+        "prompt_tokens": count_tokens(str(text)), "completion_tokens": count}})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run loop
+
+
+def _connect_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):  # noqa: S104 - a bind address, mapped to loopback
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def self_request(cfg: ServeConfig, method: str, path: str, body: Any = None) -> tuple[int, str]:
+    """One request to our own port (SGLang's warm-up does this to itself)."""
+    conn = http.client.HTTPConnection(_connect_host(cfg.host), cfg.port, timeout=30)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"content-type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+def run(profile: EngineProfile, argv: list[str]) -> int:
+    """Run the stand-in engine `profile` with command-line `argv`; return the exit code."""
+    try:
+        opts = Options.from_env(warmup_default=profile.warmup_default)
+        cfg = profile.parse(argv)
+    except UsageError as exc:
+        emit(f"{profile.name}: error: {exc}", sys.stderr)
+        return 2
+    state = State()
+    server = StandinServer(profile, cfg, opts, state)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    profile.banner(cfg, opts)
+
+    def bind() -> bool:
+        try:
+            server.server_bind()
+        except OSError as exc:
+            profile.bind_error(cfg, exc)
+            server.server_close()
+            return False
+        cfg.port = server.server_address[1]  # resolves --port 0
+        return True
+
+    if profile.bind_early and not bind():
+        return 1
+    profile.loading(cfg)
+    started = time.monotonic()
+    if stop.wait(opts.load_seconds):
+        server.server_close()
+        return 0
+    if opts.fail_load == "load" or (opts.fail_load == "warmup" and not profile.listen_before_ready):
+        profile.fatal_load(cfg, opts.fail_reason or profile.default_fail_reason)
+        server.server_close()
+        return 1
+    profile.loaded(cfg, time.monotonic() - started)
+    if not profile.bind_early and not bind():
+        return 1
+
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                               name="standin-http", daemon=True)
+    warmup = 0.0 if cfg.skip_warmup else opts.warmup_seconds
+    if profile.listen_before_ready:
+        server.server_activate()
+        serving.start()
+        profile.listening(cfg)
+        if stop.wait(warmup):
+            return _stop(profile, cfg, server, 0)
+        if opts.fail_load == "warmup":
+            profile.fatal_warmup(cfg, opts.fail_reason or profile.default_warmup_reason)
+            server.shutdown()
+            server.server_close()
+            return 1
+        if not cfg.skip_warmup:
+            try:
+                self_request(cfg, "GET", "/get_model_info")
+                status, text = self_request(cfg, "POST", "/generate", {
+                    "text": "The capital city of France is",
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+            except OSError as exc:
+                status, text = 0, str(exc)
+            if status != 200:
+                profile.fatal_warmup(cfg, f"AssertionError: res=<Response [{status}]>, "
+                                          f"res.text={text!r}")
+                server.shutdown()
+                server.server_close()
+                return 1
+        state.value = State.READY
+        profile.ready(cfg)
+    else:
+        if stop.wait(warmup):
+            server.server_close()
+            return 0
+        server.server_activate()
+        state.value = State.READY
+        serving.start()
+        profile.listening(cfg)
+        profile.ready(cfg)
+
+    if opts.crash_after_load is not None and not stop.wait(opts.crash_after_load):
+        state.value = State.DEAD
+        profile.crash(cfg, opts.fail_reason or profile.default_crash_reason)
+        stop.wait(opts.exit_delay)
+        return _stop(profile, cfg, server, 1)
+    stop.wait()
+    return _stop(profile, cfg, server, 0)
+
+
+def _stop(profile: EngineProfile, cfg: ServeConfig, server: StandinServer, code: int) -> int:
+    profile.shutdown(cfg)
+    server.shutdown()
+    server.server_close()
+    return code

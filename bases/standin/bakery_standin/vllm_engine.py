@@ -1,0 +1,312 @@
+"""The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (REFERENCE.md §3).
+
+vLLM binds its port before loading but listens only when ready: until then connections are refused.
+Its logger writes `(APIServer pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] message` to stdout; uvicorn's
+own lines (`INFO:     Application startup complete.`) go to stderr with the same process prefix, and
+so do tracebacks. Ready line: `Application startup complete.`; fatal: `EngineCore failed to start.`,
+`RuntimeError: Engine core initialization failed. ...`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bakery_standin import STANDIN_LABEL, VLLM_VERSION
+from bakery_standin.core import (
+    BASE_ROUTES,
+    EngineProfile,
+    Flag,
+    Handler,
+    Options,
+    ServeConfig,
+    UsageError,
+    emit,
+    parse_port,
+    parse_tolerant,
+)
+
+VERSION = f"{VLLM_VERSION}+{STANDIN_LABEL}"
+DEFAULT_MODEL = "facebook/opt-125m"
+PKG = "/usr/local/lib/python3.11/dist-packages/vllm"
+
+USAGE = f"""usage: vllm serve [model_tag] [options]
+
+bakery stand-in for vLLM {VLLM_VERSION} (not the real vLLM: it loads no model and needs no GPU).
+Start the OpenAI-compatible API server.
+
+options used by the stand-in:
+  model_tag / --model MODEL     model to "serve" (default: {DEFAULT_MODEL})
+  --host HOST                   bind address (default: all interfaces)
+  --port PORT                   port (default: 8000)
+  --served-model-name NAME...   model id in the API (default: the model)
+  --max-model-len N             context length checked against requests (default: 4096)
+  --api-key KEY                 require `Authorization: Bearer KEY` on /v1 routes
+  --disable-uvicorn-access-log  do not log each request
+Any other engine argument is accepted, logged and ignored.
+Behaviour switches (environment): STANDIN_LOAD_SECONDS, STANDIN_WARMUP_SECONDS, STANDIN_FAIL_LOAD,
+STANDIN_FAIL_REASON, STANDIN_CRASH_AFTER_LOAD, STANDIN_EXIT_DELAY, STANDIN_TOKEN_DELAY,
+STANDIN_REPLY_TOKENS (see bases/standin/README.md).
+"""
+
+_FLAGS = [
+    Flag(("-h", "--help"), 0),
+    Flag(("--model",)),
+    Flag(("--host",)),
+    Flag(("--port",)),
+    Flag(("--served-model-name",), "+"),
+    Flag(("--max-model-len",)),
+    Flag(("--api-key",)),
+    Flag(("--disable-uvicorn-access-log",), 0),
+]
+# Common vLLM arguments that take a value / none: known so that parsing stays exact; no effect here.
+_IGNORED_VALUE = (
+    "--dtype", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+    "--data-parallel-size", "-dp", "--gpu-memory-utilization", "--max-num-seqs",
+    "--max-num-batched-tokens", "--quantization", "-q", "--kv-cache-dtype", "--tokenizer",
+    "--revision", "--download-dir", "--load-format", "--chat-template", "--tool-call-parser",
+    "--reasoning-parser", "--seed", "--swap-space", "--uvicorn-log-level", "--config",
+    "--generation-config", "--limit-mm-per-prompt", "--block-size", "--max-logprobs",
+)
+_IGNORED_BOOL = (
+    "--trust-remote-code", "--enforce-eager", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--enable-chunked-prefill", "--disable-log-requests",
+    "--enable-log-requests", "--disable-log-stats", "--enable-auto-tool-choice",
+    "--disable-frontend-multiprocessing", "--headless",
+)
+_FLAGS += [Flag((name,), 1, used=False) for name in _IGNORED_VALUE]
+_FLAGS += [Flag((name,), 0, used=False) for name in _IGNORED_BOOL]
+
+
+def _ts() -> str:
+    return time.strftime("%m-%d %H:%M:%S")
+
+
+class VllmProfile(EngineProfile):
+    name = "vllm"
+    display = "vLLM"
+    version = VERSION
+    owned_by = "vllm"
+    bind_early = True
+    listen_before_ready = False
+    warmup_default = 0.0
+    default_fail_reason = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                           "GPU 0 has a total capacity of 0 bytes "
+                           "(bakery stand-in: STANDIN_FAIL_LOAD)")
+    default_warmup_reason = default_fail_reason
+    default_crash_reason = ("RuntimeError: CUDA error: an illegal memory access was encountered "
+                            "(bakery stand-in: STANDIN_CRASH_AFTER_LOAD)")
+
+    def __init__(self, entry: str = "cli") -> None:
+        self.entry = entry  # "cli" (`vllm serve`) or "api_server" (`python3 -m vllm...api_server`)
+        self.pid = os.getpid()
+
+    # -- output helpers ---------------------------------------------------------------------------
+
+    def log(self, level: str, src: str, msg: str, proc: str = "APIServer") -> None:
+        emit(f"({proc} pid={self.pid}) {level} {_ts()} [{src}] {msg}", sys.stdout)
+
+    def raw(self, lines: list[str], proc: str = "APIServer") -> None:
+        emit("\n".join(f"({proc} pid={self.pid}) {line}" for line in lines), sys.stderr)
+
+    def uvicorn(self, msg: str) -> None:
+        emit(f"(APIServer pid={self.pid}) INFO:     {msg}", sys.stderr)
+
+    # -- command line -----------------------------------------------------------------------------
+
+    def parse(self, argv: list[str]) -> ServeConfig:
+        parsed = parse_tolerant(argv, _FLAGS)
+        if parsed.values.get("help"):
+            emit(USAGE.rstrip("\n"), sys.stdout)
+            raise SystemExit(0)
+        values = parsed.values
+        model_tag = None
+        positionals = list(parsed.positionals)
+        if self.entry == "cli" and positionals:
+            model_tag = positionals.pop(0)
+        unknown = parsed.unknown + positionals
+        model = model_tag or values.get("model") or DEFAULT_MODEL
+        names = values.get("served_model_name") or [model]
+        max_len_raw = values.get("max_model_len", "4096")
+        try:
+            max_len = int(str(max_len_raw).lower().replace("k", "000"))
+        except ValueError:
+            raise UsageError(f"argument --max-model-len: invalid value {max_len_raw!r}") from None
+        port = parse_port(values.get("port"), 8000)
+        non_default: dict[str, Any] = {}
+        if model_tag:
+            non_default["model_tag"] = model_tag
+        for key in ("host", "port", "served_model_name", "max_model_len"):
+            if key in values:
+                non_default[key] = port if key == "port" else values[key]
+        if "api_key" in values:
+            non_default["api_key"] = "<redacted>"
+        non_default["model"] = model
+        return ServeConfig(
+            model=model, served_name=names[0], host=values.get("host") or "",
+            port=port, max_model_len=max_len,
+            api_key=values.get("api_key"),
+            access_log=not values.get("disable_uvicorn_access_log"),
+            extra={"unknown": unknown, "ignored": parsed.ignored, "non_default": non_default},
+        )
+
+    # -- timeline ---------------------------------------------------------------------------------
+
+    def banner(self, cfg: ServeConfig, opts: Options) -> None:
+        self.log("INFO", "api_server.py:1839", f"vLLM API server version {self.version}")
+        self.log("WARNING", "standin.py:1", f"This is the bakery stand-in for vLLM {VLLM_VERSION}, "
+                 "not vLLM: it loads no model and needs no GPU; answers are canned and "
+                 "deterministic. Switches: STANDIN_* environment variables.")
+        self.log("INFO", "utils.py:233", f"non-default args: {cfg.extra['non_default']!r}")
+        if cfg.extra["ignored"]:
+            self.log("WARNING", "standin.py:2",
+                     f"stand-in: engine args accepted without effect: {cfg.extra['ignored']!r}")
+        if cfg.extra["unknown"]:
+            self.log("WARNING", "standin.py:3",
+                     f"stand-in: unknown args tolerated and ignored: {cfg.extra['unknown']!r}")
+
+    def loading(self, cfg: ServeConfig) -> None:
+        self.log("INFO", "model.py:547", "Resolved architecture: StandinForCausalLM")
+        self.log("INFO", "model.py:1510", f"Using max model len {cfg.max_model_len}")
+        core = "EngineCore_DP0"
+        self.log("INFO", "core.py:644", "Waiting for init message from front-end.", core)
+        self.log("INFO", "core.py:77", f"Initializing a V1 LLM engine (v{self.version}) with config: "
+                 f"model={cfg.model!r}, served_model_name={cfg.served_name}, "
+                 f"max_seq_len={cfg.max_model_len}, device_config=cpu (stand-in)", core)
+        self.log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {cfg.model}...", core)
+
+    def loaded(self, cfg: ServeConfig, seconds: float) -> None:
+        core = "EngineCore_DP0"
+        self.log("INFO", "gpu_model_runner.py:2653",
+                 f"Model loading took 0.0000 GiB and {seconds:.6f} seconds", core)
+        self.log("INFO", "core.py:210",
+                 f"init engine (profile, create kv cache, warmup model) took {seconds:.2f} seconds",
+                 core)
+
+    def listening(self, cfg: ServeConfig) -> None:
+        self.log("INFO", "api_server.py:1634", "Supported_tasks: ['generate']")
+        self.log("INFO", "api_server.py:1912",
+                 f"Starting vLLM server on http://{self.display_host(cfg)}:{cfg.port}")
+        self.log("INFO", "launcher.py:34", "Available routes are:")
+        routes: dict[str, list[str]] = {}
+        for method, path in [*BASE_ROUTES, *self.extra_routes()]:
+            routes.setdefault(path, []).append(method)
+        for path, methods in routes.items():
+            self.log("INFO", "launcher.py:42", f"Route: {path}, Methods: {', '.join(methods)}")
+        self.uvicorn(f"Started server process [{self.pid}]")
+        self.uvicorn("Waiting for application startup.")
+        self.uvicorn("Application startup complete.")
+
+    def fatal_load(self, cfg: ServeConfig, reason: str) -> None:
+        core = "EngineCore_DP0"
+        frames = [
+            "EngineCore failed to start.",
+            "Traceback (most recent call last):",
+            f'  File "{PKG}/v1/engine/core.py", line 699, in run_engine_core',
+            "    engine_core = EngineCoreProc(*args, **kwargs)",
+            f'  File "{PKG}/v1/engine/core.py", line 498, in __init__',
+            "    super().__init__(vllm_config, executor_class, log_stats,",
+            f'  File "{PKG}/v1/engine/core.py", line 92, in __init__',
+            "    self._initialize_kv_caches(vllm_config)",
+            reason,
+        ]
+        for line in frames:
+            self.log("ERROR", "core.py:708", line, core)
+        self.raw([
+            "Process EngineCore_DP0:",
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap',
+            "    self.run()",
+            f'  File "{PKG}/v1/engine/core.py", line 712, in run_engine_core',
+            "    raise e",
+            reason,
+        ], core)
+        top = ('  File "/usr/local/bin/vllm", line 8, in <module>', "    sys.exit(main())")
+        if self.entry != "cli":
+            top = ('  File "<frozen runpy>", line 198, in _run_module_as_main',
+                   '    return _run_code(code, main_globals, None,')
+        self.raw([
+            "Traceback (most recent call last):",
+            *top,
+            f'  File "{PKG}/v1/engine/utils.py", line 732, in wait_for_engine_startup',
+            "    raise RuntimeError(",
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore_DP0': 1}",
+        ])
+
+    def fatal_warmup(self, cfg: ServeConfig, reason: str) -> None:
+        self.fatal_load(cfg, reason)
+
+    def crash(self, cfg: ServeConfig, reason: str) -> None:
+        for line in (
+            "EngineCore encountered a fatal error.",
+            "Traceback (most recent call last):",
+            f'  File "{PKG}/v1/engine/core.py", line 771, in run_engine_core',
+            "    engine_core.run_busy_loop()",
+            reason,
+        ):
+            self.log("ERROR", "core.py:780", line, "EngineCore_DP0")
+        for line in (
+            "AsyncLLM output_handler failed.",
+            "Traceback (most recent call last):",
+            f'  File "{PKG}/v1/engine/async_llm.py", line 439, in output_handler',
+            "    outputs = await engine_core.get_output_async()",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+            "See stack trace (above) for the root cause.",
+        ):
+            self.log("ERROR", "async_llm.py:480", line)
+
+    def bind_error(self, cfg: ServeConfig, exc: OSError) -> None:
+        self.raw([
+            "Traceback (most recent call last):",
+            f'  File "{PKG}/entrypoints/openai/api_server.py", line 1856, in create_server_socket',
+            "    sock.bind(addr)",
+            f"OSError: [Errno {exc.errno}] {exc.strerror}",
+        ])
+
+    def shutdown(self, cfg: ServeConfig) -> None:
+        self.uvicorn("Shutting down")
+        self.uvicorn("Waiting for application shutdown.")
+        self.uvicorn("Application shutdown complete.")
+        self.uvicorn(f"Finished server process [{self.pid}]")
+
+    def access(self, client: str, method: str, path: str, status: int) -> None:
+        from http import HTTPStatus
+
+        emit(f'(APIServer pid={self.pid}) INFO:     {client} - "{method} {path} HTTP/1.1" '
+             f"{status} {HTTPStatus(status).phrase}", sys.stdout)
+
+    def extra_routes(self) -> dict[tuple[str, str], Callable[[Handler, dict[str, Any]], None]]:
+        return {
+            ("GET", "/version"): lambda h, _b: h.send_json(200, {"version": self.version}),
+            ("GET", "/ping"): BASE_ROUTES[("GET", "/health")],
+            ("POST", "/ping"): BASE_ROUTES[("GET", "/health")],
+        }
+
+
+def main_cli(argv: list[str] | None = None) -> int:
+    """`vllm ...`: the stand-in implements `vllm serve` and `vllm --version`."""
+    from bakery_standin.core import run
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-v", "--version"):
+        emit(VERSION, sys.stdout)
+        return 0
+    if not args or args[0] in ("-h", "--help"):
+        emit(USAGE.rstrip("\n"), sys.stdout)
+        return 0 if args else 2
+    if args[0] != "serve":
+        emit(f"vllm: error: the bakery stand-in only implements `vllm serve`, not {args[0]!r}",
+             sys.stderr)
+        return 2
+    return run(VllmProfile("cli"), args[1:])
+
+
+def main_api_server(argv: list[str] | None = None) -> int:
+    """`python3 -m vllm.entrypoints.openai.api_server --model M ...`."""
+    from bakery_standin.core import run
+
+    return run(VllmProfile("api_server"), list(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,1 @@
+"""Stand-in package path: vllm.entrypoints (bakery stand-in, not vLLM)."""
