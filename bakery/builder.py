@@ -7,7 +7,9 @@ so a failed build or a failed gate can never leave a half-tagged image behind.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from bakery.spec import REPO_ROOT
 from bakery.wheelhouse import wheelhouse
 
 Progress = Callable[[str], None]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the classic builder colours RUN's stderr
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,11 @@ def build_context(context: Path, progress: Progress, buildargs: dict[str, str] |
             if "error" in chunk:
                 detail = chunk["error"].strip().splitlines()[-1] if chunk["error"].strip() else "unknown"
                 last_step = next((line for line in reversed(log) if line.startswith("Step ")), "")
+                # The failing step's own output is what explains the failure: always show it.
+                tail = log[next((i for i in range(len(log) - 1, -1, -1) if log[i].startswith("Step ")), 0):]
+                sys.stderr.write("".join(f"  | {line}\n" for line in tail[-25:]))
                 raise BuildError(f"docker build failed at {last_step or 'the start'}: {detail}")
-            text = chunk.get("stream", "")
+            text = _ANSI.sub("", chunk.get("stream", ""))
             for raw in text.splitlines():
                 line = raw.rstrip()
                 if not line:

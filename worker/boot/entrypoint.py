@@ -129,7 +129,8 @@ stopwaitsecs=15
     return f"""[supervisord]
 nodaemon=true
 user=root
-logfile=/dev/stdout
+; in the foreground supervisord already logs to stdout: a logfile would print every line twice
+logfile=/dev/null
 logfile_maxbytes=0
 pidfile={RUN_DIR / "supervisord.pid"}
 {program}{worker if serverless else ""}

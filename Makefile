@@ -1,0 +1,37 @@
+# The two commands of the quick start, and the steps they need on a fresh machine.
+#   make image ENGINE=llama   build + verify one engine image on this machine's local base
+#   make test                 the whole test suite (what CI runs)
+ENGINE ?= llama
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup image images test lint render bench clean
+
+# Host prerequisites (debootstrap, Python packages) - idempotent, quick when already done.
+setup: $(VENV)/.ready
+$(VENV)/.ready: requirements-dev.txt scripts/setup-host
+	bash scripts/setup-host $(VENV)
+	touch $@
+
+image: setup
+	$(PY) build.py --engine $(ENGINE) --local
+
+images: setup
+	$(PY) build.py --all --local
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(PY) build.py --all --render-only --out .cache/rendered
+	for f in .cache/rendered/*/Dockerfile; do $(VENV)/bin/hadolint --config .hadolint.yaml $$f || exit 1; done
+
+render: setup
+	$(PY) build.py --all --render-only --out out
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .cache out
