@@ -7,6 +7,7 @@ import json
 import math
 import random
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,3 +428,24 @@ def test_port_lock_is_exclusive(tmp_path: Path) -> None:
 
     os.close(fd)
     os.close(core.claim_port(port, tmp_path))
+
+
+def test_missing_log_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """While MODEL_LOG does not exist the worker warns (the SDK would wait silently); then it stops."""
+    path = tmp_path / "engine.log"
+    thread = core.watch_log_file(str(path), first=0.05, every=0.05)
+    deadline = time.monotonic() + 10
+    while "still does not exist" not in capsys.readouterr().err:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    path.write_text("")
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_present_log_file_is_not_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No warning when the log is already there."""
+    path = tmp_path / "engine.log"
+    path.write_text("")
+    core.watch_log_file(str(path), first=0.01).join(5)
+    assert capsys.readouterr().err == ""

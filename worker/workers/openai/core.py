@@ -23,6 +23,7 @@ import random
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -517,6 +518,32 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple
     return config, note
 
 
+def watch_log_file(path: str, first: float = 60.0, every: float = 300.0,
+                   stop: threading.Event | None = None) -> threading.Thread:
+    """Warn on stderr while `path` (MODEL_LOG) does not exist: the SDK waits for it silently, forever.
+
+    Upstream incident: a wrong log path showed only as "no benchmark in 1800 s". The first warning
+    comes after `first` seconds, then every `every` seconds, until the file appears or `stop` is set.
+    """
+    halt = stop or threading.Event()
+
+    def loop() -> None:
+        waited, delay = 0.0, first
+        while not os.path.exists(path):
+            if halt.wait(delay):
+                return
+            waited += delay
+            if os.path.exists(path):
+                return
+            _warn(f"MODEL_LOG={path} still does not exist after {waited:.0f} s: the worker waits for the "
+                  "engine's log there (wrong MODEL_LOG? engine not started?)")
+            delay = every
+
+    thread = threading.Thread(target=loop, name="bakery-log-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 class _LaunchFailureExit(logging.Handler):
     """Exit the process when the SDK reports it could not start its servers (it would loop forever)."""
 
@@ -564,6 +591,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     except PortBusy as exc:
         _fail(f"{exc}: stop the other listener or set WORKER_PORT", EXIT_PORT_BUSY)
     worker = sdk.Worker(config)
+    watch_log_file(settings.model_log)
     # Added after Worker() so the SDK still installs its own log handler on the root logger.
     logging.getLogger().addHandler(_LaunchFailureExit())
     try:
