@@ -50,6 +50,7 @@ class Launched:
     container: docker.models.containers.Container
     host: testinfra.host.Host
     started: float = field(default_factory=time.monotonic)
+    _ready: bool | None = None
 
     def logs(self) -> str:
         """The container's stdout and stderr so far."""
@@ -83,6 +84,13 @@ class Launched:
                     return False
             time.sleep(interval)
         return False
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the worker became ready (benchmark written); waited for once, then remembered,
+        so checks sharing a container that never gets ready do not each wait the full timeout."""
+        if self._ready is None:
+            self._ready = self.wait_for(lambda: self.host.file(BENCHMARK_FILE).exists, timeout)
+        return self._ready
 
     def file_text(self, path: str) -> str:
         """A file's content inside the container ('' when absent)."""

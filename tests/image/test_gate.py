@@ -100,13 +100,12 @@ def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> 
 
 @pytest.mark.serve
 def test_worker_ready_benchmark_written(serverless: Launched) -> None:
-    ok = serverless.wait_for(lambda: serverless.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT)
-    assert ok, f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
+    assert serverless.ready(READY_TIMEOUT), f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
 
 
 @pytest.mark.serve
 def test_completion_and_chat_through_worker(serverless: Launched) -> None:
-    serverless.wait_for(lambda: serverless.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT)
+    assert serverless.ready(READY_TIMEOUT), "the worker never became ready"
     result = serverless.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000")
     assert result.rc == 0, f"client failed (rc {result.rc}):\n{result.stdout}\n{result.stderr}"
 
@@ -115,7 +114,7 @@ def test_completion_and_chat_through_worker(serverless: Launched) -> None:
 def test_launch_template_override_wins(image: ImageUnderTest, containers: Containers) -> None:
     override = "/tmp/override/engine.log"
     launched = containers.launch(image, serverless_env(image.spec, MODEL_LOG=override), "override")
-    assert launched.wait_for(lambda: launched.host.file(BENCHMARK_FILE).exists, READY_TIMEOUT), \
+    assert launched.ready(READY_TIMEOUT), \
         f"not ready with MODEL_LOG overridden:\n{launched.logs()[-2000:]}"
     lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
     assert any(line in launched.file_text(override) for line in lines), "the engine did not log to the override"
