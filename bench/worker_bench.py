@@ -9,7 +9,7 @@ offline platform environment, a local report server) and measures:
 - load line -> ready: the engine is already serving; the load line is appended to MODEL_LOG at T0,
   and "ready" is the SDK's own log line `... marking model as loaded`, printed after the benchmark
   (warm-up + 1 run of 1 request, BENCHMARK_MAX_TOKENS=8) and the first health check passed.
-The engine is the in-test vLLM stand-in (default: measures the worker, not a model) or the real
+The engine is the project's vLLM stand-in (bases/standin; default: measures the worker, not a model) or the real
 llama.cpp with SmolLM2 (`--engine llama`). Prints median/min/max in a table. Nothing is asserted.
 """
 
@@ -82,7 +82,7 @@ def one_run(workdir: Path, engine: str, python: Path, report: ReportServer) -> t
             start_llama(worker_env.xllamacpp_python(), worker_env.smollm2_model_path(), engine_port, engine_out, procs)
             procs[-1].wait_for("model loaded", timeout=120)
         else:
-            start_standin("vllm", engine_port, engine_out, procs, "--load-seconds", "0")
+            start_standin("vllm", engine_port, engine_out, procs, model="smollm2", load_seconds=0)
             procs[-1].wait_for("Application startup complete.", timeout=30)
         log = workdir / "model.log"  # the engine is up; the worker sees its load line only at T0
         log.write_text("engine starting\n")

@@ -1,7 +1,8 @@
 """Helpers for the worker's host tests: real SDK, real processes on loopback, no Docker.
 
 The worker runs through worker/start_server.sh with the lean venv of bakery.worker_env
-(WORKER_PYTHON), against a stand-in engine (vllm, sglang) or the real llama.cpp (xllamacpp), with the
+(WORKER_PYTHON), against the project's stand-in engines (bases/standin: vllm, sglang) or the real
+llama.cpp (xllamacpp), with the
 offline platform environment of REFERENCE.md §1. REPORT_ADDR points at a local HTTP server that
 records the SDK's status reports and serves it a real public key (so the SDK's key fetch succeeds
 and does not mark the worker errored after ~15 s).
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_DIR = REPO / "worker"
 START_SERVER = WORKER_DIR / "start_server.sh"
 HERE = Path(__file__).resolve().parent
-STANDIN = HERE / "standin_engine.py"
+STANDIN = REPO / "bases" / "standin" / "run_standin.py"  # the project's vLLM/SGLang stand-ins
 LLAMA_ENGINE = HERE / "llama_engine.py"
 RESERVED_PORTS = {3000, 3001, 18000}  # containers and other tests use these
 
@@ -230,9 +231,16 @@ def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: s
     return proc
 
 
-def start_standin(engine: str, port: int, log: Path, procs: list[Proc], *extra: str) -> Proc:
-    """Run the in-test vLLM/SGLang stand-in on 127.0.0.1:`port`, its output appended to `log`."""
-    proc = Proc([sys.executable, str(STANDIN), engine, "--port", str(port), "--model", "standin-model", *extra], log)
+def start_standin(engine: str, port: int, log: Path, procs: list[Proc], model: str = "standin-model",
+                  load_seconds: float = 0.3) -> Proc:
+    """Run the project's vLLM/SGLang stand-in (bases/standin) on 127.0.0.1:`port`, output appended to `log`.
+
+    It prints the engine's real log lines and mimics its /health (REFERENCE.md §3); it serves `model`
+    and refuses requests naming another one, as vLLM does.
+    """
+    args = ["vllm", "serve", model] if engine == "vllm" else ["sglang", "--model-path", model]
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), "STANDIN_WARMUP_SECONDS": str(load_seconds)}
+    proc = Proc([sys.executable, str(STANDIN), *args, "--host", "127.0.0.1", "--port", str(port)], log, env=env)
     procs.append(proc)
     return proc
 

@@ -1,6 +1,7 @@
 """End to end, per backend: the real SDK in the lean venv, started by start_server.sh, over an engine.
 
-vllm, sglang and the openai alias run over the in-test stand-in (the real engines need a GPU);
+vllm, sglang and the openai alias run over the project's stand-ins (bases/standin; the real engines
+need a GPU);
 llama runs over the real llama.cpp (xllamacpp) serving the real SmolLM2 model. Each test: the
 banner, the load line seen, a tiny benchmark run (the file appears), a completion and a chat request
 (plus a streamed one) through the worker in the SDK envelope, then an error line reported errored to
@@ -53,7 +54,8 @@ def _check_answers(port: int, engine: str, model_id: str) -> None:
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["content"]
     if engine != "llama":  # the stand-in names itself in every answer
-        assert f"{engine} stand-in" in answer["choices"][0]["message"]["content"]
+        assert answer["choices"][0]["message"]["content"].startswith("Stand-in answer:")
+        assert answer["system_fingerprint"].startswith(f"{engine}-")
     status, body, content_type = post_enveloped(
         port, "/v1/chat/completions",
         {"model": model_id, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 8, "stream": True},
@@ -104,7 +106,7 @@ def _run_backend(backend: str, engine_log: Path, engine_port: int, start_engine,
 @pytest.mark.parametrize(("backend", "worker_first"), [("vllm", False), ("sglang", True), ("openai", False)])
 def test_standin_backend(backend: str, worker_first: bool, tmp_path: Path, worker_python: Path,
                          report_server: ReportServer, procs: list[Proc]) -> None:
-    """vllm / sglang / the openai alias over the stand-in that prints the engine's own log lines."""
+    """vllm / sglang / the openai alias over bases/standin, which prints the engine's own log lines."""
     engine = "vllm" if backend == "openai" else backend
     engine_port = free_port()
     log = tmp_path / f"{engine}.log"

@@ -119,7 +119,8 @@ def test_worker_path_runs_in_the_lean_venv(lean_venv: tuple[str, Path], tmp_path
     log = tmp_path / "vllm.log"
     start_standin("vllm", engine_port, log, procs)
     env = worker_env_for("vllm", venv / "bin" / "python", tmp_path / "state", port, report_server.url,
-                         MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", MODEL_NAME="m")
+                         MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
+                         MODEL_NAME="standin-model")
     worker = start_worker(tmp_path, env, procs)
     worker.wait_for(SDK_READY, timeout=60)
     for route, payload in (("/v1/completions", {"prompt": "hi", "max_tokens": 4}),

@@ -240,8 +240,8 @@ def test_demo_client(tmp_path: Path, worker_python: Path, report_server: ReportS
                                 capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
-        assert lines[0].startswith("/v1/completions: vllm stand-in answer")
-        assert lines[1].startswith("/v1/chat/completions: vllm stand-in answer")
+        assert lines[0].startswith("/v1/completions: Stand-in answer:")
+        assert lines[1].startswith("/v1/chat/completions: Stand-in answer:")
     dead = subprocess.run([sys.executable, str(CLIENT), f"http://127.0.0.1:{free_port()}"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert dead.returncode == 1
