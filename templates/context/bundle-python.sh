@@ -31,4 +31,15 @@ cp -L "$loader" "$dest/lib/"
     "$dest/bin/$ver"
 "$dest/bin/python3" -c 'import ssl, json, asyncio, ctypes, sqlite3, zlib' \
     || { echo "bundle-python: the bundled interpreter does not start" >&2; exit 1; }
+
+# ss (iproute2) the same way, for bases with neither ss nor netstat: testinfra's socket checks and
+# operators need one. make-venv.sh keeps it only where the base lacks both.
+tools=$(dirname "$dest")/tools
+mkdir -p "$tools/bin" "$tools/lib"
+cp "$(command -v ss)" "$tools/bin/ss"
+ldd "$tools/bin/ss" | awk '/=> \//{print $3}' | while read -r lib; do cp -L "$lib" "$tools/lib/"; done
+cp -L "$loader" "$tools/lib/"
+"$patchelf" --set-interpreter "$tools/lib/$(basename "$loader")" --force-rpath --set-rpath "$tools/lib" \
+    "$tools/bin/ss"
+"$tools/bin/ss" -ltn >/dev/null || { echo "bundle-python: the bundled ss does not run" >&2; exit 1; }
 rm -rf /tmp/bakery/patchelf

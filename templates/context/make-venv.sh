@@ -14,6 +14,11 @@ else
     python=$root/python/bin/python3
     echo "bakery: the base has no Python >= 3.10; worker venv on the bundled $("$python" -V 2>&1)"
 fi
+if command -v ss >/dev/null 2>&1 || command -v netstat >/dev/null 2>&1; then
+    rm -rf "$root/tools"
+else
+    echo "bakery: the base has neither ss nor netstat; keeping the bundled ss in $root/tools/bin"
+fi
 "$python" -m venv --without-pip "$root/venv"
 pip_wheel=$(ls "$wheels"/pip-*.whl)
 # --no-deps + --require-hashes: exactly the pinned, hashed set of requirements.txt, nothing resolved.

@@ -140,6 +140,9 @@ def test_engine_load_failure_reported(image: ImageUnderTest, containers: Contain
     assert launched.wait_for(lambda: not launched.running(), 90), "the container kept running after the engine died"
     logs = launched.logs()
     assert launched.exit_code() != 0, "the container exited 0 after the engine failed"
-    # The SDK logs the matched error line and reports it as its status's error_msg.
-    reported = re.search(r'Got log line indicating error|"error_msg": "[^"]+"', logs)
+    # The SDK logs the error line it matched (then reports it as its status's error_msg); it must be
+    # one of the baked error lines, not the unrelated offline public-key failure.
+    errors = json.loads(image.expected_env["MODEL_ERROR_LOG_MSGS"])
+    matched = re.findall(r"Got log line indicating error: (.*)", logs)
+    reported = any(err in line for line in matched for err in errors)
     assert reported, f"the worker did not report itself errored:\n{logs[-3000:]}"

@@ -57,7 +57,7 @@ def pristine(docker_client):
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
-def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
     plant, catchers = DEFECTS[defect]
     planted = plant(pristine.dockerfile)
     assert planted != pristine.dockerfile, f"the defect {defect!r} was not planted"
@@ -66,7 +66,10 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     image_id = build_context(context, lambda _m: None, build_args()).image_id
     # A broken worker never gets ready: a short bound keeps each defect's gate run quick.
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
-    gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
+    try:
+        gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
+    finally:
+        docker_client.images.remove(image_id, force=True)
     assert not gate.passed, f"the gate passed an image with {defect!r}"
     failed = {name.split("[")[0] for name in gate.failed}
     assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"

@@ -449,3 +449,8 @@ def test_present_log_file_is_not_reported(tmp_path: Path, capsys: pytest.Capture
     path.write_text("")
     core.watch_log_file(str(path), first=0.01).join(5)
     assert capsys.readouterr().err == ""
+
+
+def test_parse_lines_breaks_only_on_newline() -> None:
+    # Unicode line separators are text inside a log line; only \n (and \r\n) separate lines.
+    assert core.parse_lines("a\u2028b\r\nc\x85d\n") == ["a\u2028b", "c\x85d"]

@@ -139,7 +139,7 @@ def parse_lines(raw: str) -> list[str]:
         if isinstance(decoded, list) and all(isinstance(x, str) for x in decoded):
             items = decoded
     if items is None:
-        items = raw.splitlines()
+        items = raw.split("\n")  # \n only: \x85 or \u2028 inside a log line is text, not a break
     return [s for item in items if (s := item.strip())]
 
 

@@ -1,0 +1,62 @@
+"""A base without Python (as llama.cpp's official server image) still gets a working worker: the
+image brings a relocatable Python and, lacking ss/netstat, a bundled ss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bakery import bases
+from bakery.builder import build_image
+from bakery.render import RenderOptions, render
+from bakery.spec import load_engine
+
+
+@pytest.fixture(scope="module")
+def nopython_image(docker_client):
+    bases.ensure_base("debian")
+    base = bases.ensure_base("debian-nopython")
+    probe = docker_client.containers.run(base, ["sh", "-c", "command -v python3 ss netstat || true"], remove=True)
+    assert probe.strip() == b"", f"the no-Python base is not what it claims: {probe!r}"
+    image_id = build_image(render(load_engine("llama"), RenderOptions(base_image=base)), lambda _m: None).image_id
+    yield image_id
+    docker_client.images.remove(image_id, force=True)
+
+
+def run_python(client, image_id: str, code: str) -> str:
+    return client.containers.run(image_id, ["-c", code], entrypoint="/opt/bakery/venv/bin/python",
+                                 remove=True).decode()
+
+
+def test_bundled_python_runs_the_worker_imports(docker_client, nopython_image: str) -> None:
+    code = ("import json, os, sys; sys.path.insert(0, '/opt/bakery/worker'); "
+            "import workers.llama.worker as w, workers.openai.core as core; core._import_sdk(); "
+            "import vastai; print(json.dumps({'exe': os.path.realpath(sys.executable), "
+            "'version': list(sys.version_info[:2]), 'engine': w.DEFAULTS.engine}))")
+    seen = json.loads(run_python(docker_client, nopython_image, code))
+    assert seen["exe"].startswith("/opt/bakery/python/"), seen
+    assert seen["version"] >= [3, 10]
+    assert seen["engine"] == "llama"
+
+
+def test_bundled_ss_is_on_path(docker_client, nopython_image: str) -> None:
+    out = docker_client.containers.run(nopython_image, ["-c", "command -v ss && ss -ltn"], entrypoint="/bin/sh",
+                                       remove=True).decode()
+    assert out.startswith("/opt/bakery/tools/bin/ss"), out
+    assert "State" in out and "Local Address" in out
+
+
+def test_start_server_resolves_backend_on_bundled_python(docker_client, nopython_image: str) -> None:
+    # No platform variables: the worker must start on the bundled Python, print its banner and stop
+    # with one clear line naming the first missing variable (not a traceback from the SDK).
+    container = docker_client.containers.run(nopython_image, ["/opt/bakery/worker/start_server.sh"],
+                                             entrypoint="/bin/sh", detach=True)
+    try:
+        result = container.wait(timeout=60)
+        logs = container.logs().decode()
+    finally:
+        container.remove(force=True)
+    assert result["StatusCode"] != 0
+    assert "Using worker backend: llama" in logs, logs
+    assert "CONTAINER_ID" in logs and "Traceback" not in logs, logs
