@@ -133,6 +133,18 @@ user=root
 logfile=/dev/null
 logfile_maxbytes=0
 pidfile={RUN_DIR / "supervisord.pid"}
+
+; watch.py asks supervisord (over this socket) for a dead program's exit status, which the
+; PROCESS_STATE_EXITED event itself does not carry.
+[unix_http_server]
+file={RUN_DIR / "supervisor.sock"}
+chmod=0700
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{RUN_DIR / "supervisor.sock"}
 {program}{worker if serverless else ""}
 [eventlistener:bakery-watch]
 command={_ini(VENV_PYTHON)} {_ini(str(Path(__file__).with_name("watch.py")))}

@@ -25,11 +25,24 @@ def grace_seconds() -> float:
     return value if 0 <= value < 3600 else 10.0
 
 
+def exit_status(name: str) -> int:
+    """The dead program's exit status, from supervisord (the event does not carry it); 1 if unknown."""
+    try:
+        from supervisor import childutils
+
+        info = childutils.getRPCInterface(os.environ).supervisor.getProcessInfo(name)
+        return int(info.get("exitstatus", 1))
+    except Exception:  # noqa: BLE001 - any failure here must still stop the container
+        return 1
+
+
 def handle(headers: dict[str, str], payload: dict[str, str]) -> None:
     """React to one PROCESS_STATE_EXITED/FATAL event."""
     name = payload.get("processname", "?")
     expected = payload.get("expected") == "1"
-    status = int(payload.get("exitstatus", "1") or 1)
+    status = exit_status(name)
+    if headers.get("eventname") == "PROCESS_STATE_FATAL" and status == 0:
+        status = 127  # supervisord could not start it at all (e.g. the engine command is missing)
     reason = "expected" if expected else "not expected"
     print(f"bakery: {name} exited (status {status}; {reason}); stopping the container", file=sys.stderr, flush=True)
     engine = os.environ.get("BAKERY_ENGINE_PROGRAM", "")
