@@ -59,14 +59,20 @@ def context_dir(name: str) -> Path:
 
 
 def build_context(context: Path, progress: Progress, buildargs: dict[str, str] | None = None,
-                  tag: str | None = None) -> BuildResult:
-    """Build the Dockerfile in `context` as is; raises BuildError with the failing step."""
+                  tag: str | None = None, labels: dict[str, str] | None = None,
+                  dockerfile: str | None = None) -> BuildResult:
+    """Build the Dockerfile in `context` as is; raises BuildError with the failing step.
+
+    `labels` are added on top of the Dockerfile's (as `docker build --label`); `dockerfile` is a path
+    relative to `context` (default: Dockerfile), as a bake file's target gives them.
+    """
     log: list[str] = []
     image_id = ""
     steps = cached = 0
     try:
         stream = client().api.build(path=str(context), buildargs=buildargs or {}, tag=tag, rm=True,
-                                    forcerm=True, pull=False, decode=True)
+                                    forcerm=True, pull=False, decode=True, labels=labels or None,
+                                    dockerfile=dockerfile)
         for chunk in stream:
             if "error" in chunk:
                 detail = chunk["error"].strip().splitlines()[-1] if chunk["error"].strip() else "unknown"

@@ -1,0 +1,171 @@
+"""The bake file (bakery/bakefile.py): every engine's targets, contexts, tags, labels, args, platforms.
+
+No Docker here: the wheelhouse is a stand-in directory. tests/image/test_bakefile.py builds a target
+exactly as the file defines it and runs the gate on the result.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bakery import __version__
+from bakery.bakefile import (
+    ci_override,
+    engine_of,
+    host_platform,
+    load_bake_file,
+    local_images,
+    main,
+    plan_targets,
+    write_bake_file,
+)
+from bakery.bases import BASES
+from bakery.errors import InputError
+from bakery.render import DEFAULT_RUNTIME_IMAGE
+from bakery.spec import available_engines, load_engine
+from bakery.tags import is_release_tag
+
+ARGS = {"BAKERY_REVISION": "abc1234def5678900000000000000000000000000", "BAKERY_CREATED": "2026-01-02T03:04:05Z"}
+
+
+@pytest.fixture
+def fake_wheelhouse(tmp_path: Path):
+    made: dict[str, Path] = {}
+
+    def wheelhouse(platform: str) -> Path:
+        directory = tmp_path / "wheels" / platform.replace("/", "-")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"fake-1.0-py3-none-{platform.replace('/', '_')}.whl").write_text("wheel")
+        made[platform] = directory
+        return directory
+
+    wheelhouse.made = made  # type: ignore[attr-defined]
+    return wheelhouse
+
+
+def write(tmp_path: Path, wheelhouse, *, local: bool, repository: str = "ghcr.io/acme") -> tuple[Path, dict]:
+    specs = [load_engine(name) for name in available_engines()]
+    path = write_bake_file(specs, tmp_path / "out" / "docker-bake.json", local=local, repository=repository,
+                           wheelhouse=wheelhouse, build_args=ARGS, quiet=True)
+    return path, load_bake_file(path)
+
+
+def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=False)
+    expected = {f"{name}-{p.split('/')[1]}": (name, p) for name in available_engines()
+                for p in load_engine(name).base.platforms}
+    assert set(bake["target"]) == set(expected)
+    assert bake["group"]["default"] == {"targets": sorted(available_engines())}
+    for name, (engine, platform) in expected.items():
+        assert name in bake["group"][engine]["targets"]
+        target = bake["target"][name]
+        spec = load_engine(engine)
+        assert target["context"] == f"contexts/{name}" and target["dockerfile"] == "Dockerfile"
+        assert target["platforms"] == [platform]
+        assert target["args"] == ARGS
+        assert target["labels"] == {"ai.bakery.variant": "production", "ai.bakery.target": name,
+                                    "ai.bakery.bakery-version": __version__}
+        arch = platform.split("/")[1]
+        assert target["tags"] == [f"ghcr.io/acme/{engine}:candidate-{spec.version}-bakery{__version__}-gabc1234-{arch}"]
+        assert not any(is_release_tag(t) for t in target["tags"]), "a bake-built image is a candidate, not a release"
+        context = path.parent / target["context"]
+        dockerfile = (context / "Dockerfile").read_text()
+        assert f"FROM {spec.base.image}\n" in dockerfile
+        assert f"FROM {DEFAULT_RUNTIME_IMAGE} AS worker-python" in dockerfile
+        for part in ("worker/workers/openai/core.py", "context/make-venv.sh", "worker/requirements.txt"):
+            assert (context / part).is_file(), part
+        wheels = sorted(p.name for p in (context / "wheels").iterdir())
+        assert wheels == [f"fake-1.0-py3-none-{platform.replace('/', '_')}.whl"], "only its platform's wheels"
+
+
+def test_local_file_builds_on_the_local_bases_for_this_machine(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=True, repository="bakery")
+    machine = host_platform()
+    assert set(bake["target"]) == {f"{name}-{machine.split('/')[1]}" for name in available_engines()}
+    for name, target in bake["target"].items():
+        spec = load_engine(engine_of(name))
+        assert target["platforms"] == [machine]
+        assert target["labels"]["ai.bakery.variant"] == "local"
+        assert target["tags"][0].endswith(f"-gabc1234-local-{machine.split('/')[1]}")
+        base = BASES[spec.base.local].ref
+        assert f"FROM {base}\n" in (path.parent / target["context"] / "Dockerfile").read_text()
+        assert local_images(path.parent, target) == [DEFAULT_RUNTIME_IMAGE, base]
+
+
+def test_paths_are_relative_so_the_directory_travels(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=False)
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(path.parent), moved)
+    for target in bake["target"].values():
+        assert not Path(target["context"]).is_absolute()
+        assert (moved / target["context"] / target["dockerfile"]).is_file()
+
+
+def test_the_file_is_plain_json_bake_accepts(tmp_path: Path, fake_wheelhouse) -> None:
+    path, _ = write(tmp_path, fake_wheelhouse, local=False)
+    data = json.loads(path.read_text())
+    assert set(data) == {"group", "target"}
+    allowed = {"context", "dockerfile", "args", "tags", "labels", "platforms"}
+    for target in data["target"].values():
+        assert set(target) <= allowed
+        assert all(isinstance(v, str) for v in target["args"].values())
+        assert all(isinstance(v, str) for v in target["labels"].values())
+    docker = shutil.which("docker")
+    has_buildx = docker and subprocess.run([docker, "buildx", "version"], capture_output=True,
+                                           check=False).returncode == 0
+    if has_buildx:  # where buildx exists, it must accept the file as written
+        proc = subprocess.run([docker, "buildx", "bake", "-f", path.name, "--print"], cwd=path.parent,
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_rewriting_replaces_each_context(tmp_path: Path, fake_wheelhouse) -> None:
+    path, _ = write(tmp_path, fake_wheelhouse, local=False)
+    stale = path.parent / "contexts" / "vllm-amd64" / "stale.txt"
+    stale.write_text("old")
+    write(tmp_path, fake_wheelhouse, local=False)
+    assert not stale.exists()
+
+
+def test_bad_input_is_refused(tmp_path: Path, fake_wheelhouse) -> None:
+    specs = [load_engine("vllm")]
+    with pytest.raises(InputError, match="JSON"):
+        write_bake_file(specs, tmp_path / "docker-bake.hcl", wheelhouse=fake_wheelhouse, build_args=ARGS)
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(InputError, match="directory"):
+        write_bake_file(specs, tmp_path / "dir.json", wheelhouse=fake_wheelhouse, build_args=ARGS)
+    with pytest.raises(InputError, match="--repository"):
+        write_bake_file(specs, tmp_path / "b.json", repository="Acme", wheelhouse=fake_wheelhouse, build_args=ARGS)
+    nolocal = specs[0].model_copy(update={"base": specs[0].base.model_copy(update={"local": None})})
+    with pytest.raises(InputError, match=r"base\.local"):
+        plan_targets([nolocal], local=True)
+
+
+def test_ci_override_maps_local_images_and_cache(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=True, repository="bakery")
+    name = next(iter(bake["target"]))
+    override = ci_override(bake, path.parent, [name], registry="localhost:5000", cache="gha", scope="pr")
+    entry = override["target"][name]
+    assert entry["contexts"] == {ref: f"docker-image://localhost:5000/{ref}"
+                                 for ref in local_images(path.parent, bake["target"][name])}
+    assert entry["cache-from"] == [f"type=gha,scope=pr-{name}"]
+    assert entry["cache-to"] == [f"type=gha,scope=pr-{name},mode=max,ignore-error=true"]
+    registry = ci_override(bake, path.parent, [name], registry=None, cache="ghcr.io/acme/cache")[
+        "target"][name]
+    assert "contexts" not in registry
+    assert registry["cache-from"] == [f"type=registry,ref=ghcr.io/acme/cache:{name}"]
+    with pytest.raises(InputError, match="no target"):
+        ci_override(bake, path.parent, ["nope-amd64"], registry=None, cache=None)
+
+
+def test_ci_command_writes_the_override(tmp_path: Path, fake_wheelhouse) -> None:
+    path, _ = write(tmp_path, fake_wheelhouse, local=False)
+    out = tmp_path / "ci.json"
+    assert main(["ci", "--bake-file", str(path), "--target", "vllm-amd64", "--cache", "gha", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["target"]["vllm-amd64"]["cache-to"][0].startswith("type=gha,")
+    assert main(["ci", "--bake-file", str(tmp_path / "missing.json"), "--target", "x", "--out", str(out)]) == 2
