@@ -1,0 +1,305 @@
+"""Publish exactly what was verified: gate a bake-built image, push its digest, assemble the manifest.
+
+The release path, one platform per job, then one manifest job per release (.github/workflows/images.yml):
+
+    docker buildx bake --load <engine>-<arch>           build the target as the bake file defines it
+    python -m bakery.release verify --push ...          gate THAT image (by id = config digest); only on a
+                                                        pass: tag it <most specific tag>-<arch>, push, and
+                                                        write a verified record {image id, pushed digest}
+    python -m bakery.release assemble RECORDS...        check every pushed digest's config IS the verified
+                                                        image id, then `docker buildx imagetools create`
+                                                        the release tags from those digests only
+
+A record exists only for an image whose gate passed, and the manifest is made from records only, so
+a digest nobody verified can never reach a release tag. `python -m bakery.release matrix` prints the
+GitHub Actions matrix (one job per bake target) from the same plan the bake file is written from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bakery.bakefile import engine_of, load_bake_file, plan_targets, target_of
+from bakery.errors import BakeryError, BuildError, InputError, VerificationError
+from bakery.spec import available_engines, load_engine
+from bakery.tags import check_repository, platform_tag, release_tags
+
+# GitHub-hosted runners per platform: the gate runs the image, so each platform builds natively.
+RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
+RECORD_VERSION = 1
+
+
+@dataclass
+class VerifiedRecord:
+    """What one platform job proves: this image id passed the gate, and (release) this digest was pushed."""
+
+    engine: str
+    target: str
+    platform: str
+    variant: str
+    repository: str  # <prefix>/<engine>
+    revision: str
+    image_id: str  # sha256 of the image config: what the gate ran
+    checks_run: int
+    tags: list[str] = field(default_factory=list)
+    pushed_ref: str = ""  # the per-platform tag pushed
+    digest: str = ""  # the pushed manifest's digest (sha256:...)
+    version: int = RECORD_VERSION
+
+    def write(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.target}.json"
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> VerifiedRecord:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            return cls(**data)
+        except (OSError, json.JSONDecodeError, TypeError) as exc:
+            raise InputError(f"{path}: not a verified record: {exc}") from None
+
+
+# ---- the matrix -----------------------------------------------------------------------------------
+
+
+def matrix(engines: list[str], *, local: bool) -> dict[str, Any]:
+    """GitHub's `strategy.matrix` for the image workflow: one entry per bake target."""
+    plans = plan_targets([load_engine(name) for name in engines], local=local)
+    return {"include": [{"engine": p.spec.name, "target": p.name, "platform": p.platform,
+                         "runner": RUNNERS[p.platform]} for p in plans]}
+
+
+# ---- verify (and push) one bake-built image -------------------------------------------------------
+
+
+def _say(message: str) -> None:
+    print(f"[bakery.release] {message}", file=sys.stderr, flush=True)
+
+
+def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str) -> str:
+    """The id of the image bake loaded: its candidate tag's image, cross-checked with bake's metadata."""
+    import docker.errors
+
+    from bakery.docker_engine import client
+
+    try:
+        image_id = client().images.get(candidate).id
+    except docker.errors.ImageNotFound:
+        raise BuildError(f"{candidate} is not on the Docker engine: build the target with "
+                         f"`docker buildx bake --load {target}` first") from None
+    if metadata is not None:
+        config = (metadata.get(target) or {}).get("containerimage.config.digest")
+        if not config:
+            raise BuildError(f"bake's metadata has no containerimage.config.digest for {target}")
+        if config != image_id:
+            raise BuildError(f"{candidate} is {image_id[:19]}, but bake built {config[:19]}: not the same image")
+    return image_id
+
+
+def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = False,
+                  metadata_file: Path | None = None, gate: Callable[..., Any] | None = None) -> VerifiedRecord:
+    """Gate the image a bake target built; on a pass tag it (and push it), and write its record.
+
+    Raises VerificationError when the gate fails: then nothing is tagged, pushed or recorded.
+    """
+    from bakery.publish import push_verified, tag_verified
+
+    if gate is None:
+        from bakery.verify import run_gate as gate
+    bake = load_bake_file(bake_file)
+    definition = target_of(bake, target, bake_file)
+    engine = engine_of(target)
+    spec = load_engine(engine)
+    candidate = definition["tags"][0]
+    variant = definition.get("labels", {}).get("ai.bakery.variant", "production")
+    platform = definition["platforms"][0]
+    revision = definition.get("args", {}).get("BAKERY_REVISION", "unknown")
+    repository = candidate.rpartition(":")[0]
+    prefix = repository.rpartition("/")[0]
+    metadata = json.loads(Path(metadata_file).read_text()) if metadata_file else None
+    image_id = built_image_id(candidate, metadata, target)
+    if push and variant != "production":
+        raise InputError(f"{target} is built on a {variant} base: only production builds are pushed for release")
+    _say(f"{target}: verifying {image_id[:19]} ({candidate}), gate level {variant}")
+    result = gate(image_id, engine, variant=variant, quiet=True, progress=_say)
+    if not result.passed:
+        raise VerificationError(f"{target}: the gate failed ({', '.join(result.failed) or 'no check ran'}): "
+                                f"{image_id[:19]} is not tagged, pushed or recorded")
+    if push:
+        tags = [platform_tag(spec, platform, repository=prefix, variant=variant, revision=revision)]
+    else:
+        tags = release_tags(spec, repository=prefix, variant=variant, revision=revision)
+    tag_verified(image_id, tags, verified=True)
+    record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
+                            repository=repository, revision=revision, image_id=image_id,
+                            checks_run=result.ran, tags=tags)
+    if push:
+        pushed = push_verified(image_id, tags, verified=True, progress=_say)[0]
+        ref, _, digest = pushed.partition("@")
+        if not digest:
+            raise BuildError(f"the registry returned no digest for {ref}")
+        record.pushed_ref, record.digest = ref, digest
+        _say(f"{target}: pushed verified {image_id[:19]} as {repository}@{digest}")
+    path = record.write(records)
+    _say(f"{target}: passed {result.ran} checks; record {path}")
+    return record
+
+
+# ---- the multi-arch manifest, from verified records only ------------------------------------------
+
+
+def imagetools_inspect_raw(ref: str) -> dict[str, Any] | None:
+    """The raw manifest (or index) at `ref`, or None when the registry has none."""
+    proc = subprocess.run(["docker", "buildx", "imagetools", "inspect", "--raw", ref], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        if "not found" in proc.stderr.lower() or "manifest unknown" in proc.stderr.lower():
+            return None
+        raise BuildError(f"docker buildx imagetools inspect {ref} failed: {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout)
+
+
+@dataclass
+class ManifestPlan:
+    """One engine's release: the tags to create and the verified digests they list."""
+
+    engine: str
+    tags: list[str]
+    sources: list[str]  # <repository>@<digest>, one per platform
+    pinned: str | None = None  # the commit tag: written once, never moved
+
+    def command(self) -> list[str]:
+        return ["docker", "buildx", "imagetools", "create",
+                *[arg for tag in self.tags for arg in ("--tag", tag)], *self.sources]
+
+
+def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False) -> list[ManifestPlan]:
+    """Group records per engine and check them: production, pushed, one per platform, one revision."""
+    if not records:
+        raise InputError("no verified records: nothing passed the gate, so nothing is published")
+    by_engine: dict[str, list[VerifiedRecord]] = {}
+    for record in records:
+        if record.version != RECORD_VERSION:
+            raise InputError(f"{record.target}: record version {record.version}, expected {RECORD_VERSION}")
+        if record.variant != "production":
+            raise InputError(f"{record.target}: built on a {record.variant} base; only production images are released")
+        if not record.digest.startswith("sha256:") or not record.image_id.startswith("sha256:"):
+            raise InputError(f"{record.target}: the record has no pushed digest; it was not pushed")
+        by_engine.setdefault(record.engine, []).append(record)
+    plans = []
+    for engine, group in sorted(by_engine.items()):
+        spec = load_engine(engine)
+        platforms = [r.platform for r in group]
+        if len(set(platforms)) != len(platforms):
+            raise InputError(f"{engine}: two records for one platform ({', '.join(sorted(platforms))})")
+        missing = sorted(set(spec.base.platforms) - set(platforms))
+        if missing and not allow_partial:
+            raise InputError(f"{engine}: no verified image for {', '.join(missing)}: a release lists every platform "
+                             f"of images/{engine}.yaml (or pass --allow-partial)")
+        for attr in ("repository", "revision"):
+            values = {getattr(r, attr) for r in group}
+            if len(values) != 1:
+                raise InputError(f"{engine}: records disagree on {attr}: {', '.join(sorted(values))}")
+        repository, revision = group[0].repository, group[0].revision
+        check_repository(repository)
+        tags = release_tags(spec, repository=repository.rpartition("/")[0], variant="production", revision=revision)
+        ordered = sorted(group, key=lambda r: r.platform)
+        pinned = tags[0] if f"-g{revision[:7]}" in tags[0] else None
+        plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.digest}" for r in ordered], pinned))
+    return plans
+
+
+def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[str, Any] | None]) -> None:
+    """Each pushed digest must be a single-platform image whose config digest IS the verified image id."""
+    for record in records:
+        ref = f"{record.repository}@{record.digest}"
+        manifest = inspect(ref)
+        if manifest is None:
+            raise VerificationError(f"{ref} is not in the registry")
+        config = (manifest.get("config") or {}).get("digest")
+        if config != record.image_id:
+            raise VerificationError(f"{ref} holds config {config}, not the verified image {record.image_id}: "
+                                    "refusing to publish it")
+
+
+def _listed(index: dict[str, Any] | None) -> set[str]:
+    return {m.get("digest", "") for m in (index or {}).get("manifests", [])}
+
+
+def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_partial: bool = False,
+             inspect: Callable[[str], dict[str, Any] | None] = imagetools_inspect_raw,
+             run: Callable[[list[str]], None] | None = None) -> list[ManifestPlan]:
+    """Create each engine's release tags as a manifest list of its verified digests, and check the result."""
+    plans = plan_manifests(records, allow_partial=allow_partial)
+    check_sources(records, inspect)
+    wanted = {p.engine: {s.partition("@")[2] for s in p.sources} for p in plans}
+    for plan in plans:
+        existing = inspect(plan.pinned) if plan.pinned else None
+        if existing is not None and _listed(existing) != wanted[plan.engine]:
+            raise VerificationError(f"{plan.pinned} already exists with other images: a commit tag is never moved")
+        _say(f"{plan.engine}: " + " ".join(plan.command()))
+        if dry_run:
+            continue
+        (run or _run)(plan.command())
+        for tag in plan.tags:
+            created = inspect(tag)
+            if _listed(created) != wanted[plan.engine]:
+                raise VerificationError(f"{tag} lists {sorted(_listed(created))}, not the verified "
+                                        f"{sorted(wanted[plan.engine])}")
+        _say(f"{plan.engine}: published {', '.join(plan.tags)} from {len(plan.sources)} verified digest(s)")
+    return plans
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode})")
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bakery.release matrix|verify|assemble`; exit 0 ok, 1 failed gate/build, 2 bad input."""
+    parser = argparse.ArgumentParser(prog="python -m bakery.release", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    mx = sub.add_parser("matrix", help="print the GitHub Actions matrix (JSON) of bake targets")
+    mx.add_argument("--engine", action="append", default=[], help="an engine (repeatable; default: all)")
+    mx.add_argument("--local", action="store_true", help="the targets of a --local bake file")
+    vf = sub.add_parser("verify", help="gate the image a bake target built; tag, push and record it on a pass")
+    vf.add_argument("--bake-file", type=Path, required=True)
+    vf.add_argument("--target", required=True)
+    vf.add_argument("--metadata-file", type=Path, help="bake's --metadata-file, to cross-check the image id")
+    vf.add_argument("--push", action="store_true", help="push the verified image (production targets)")
+    vf.add_argument("--records", type=Path, required=True, help="directory for the verified record")
+    asm = sub.add_parser("assemble", help="create release tags from verified records only")
+    asm.add_argument("records", nargs="+", type=Path, help="record files or directories of them")
+    asm.add_argument("--dry-run", action="store_true", help="check and print the commands, create nothing")
+    asm.add_argument("--allow-partial", action="store_true", help="release even if a platform has no record")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "matrix":
+            print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
+        elif args.command == "verify":
+            verify_target(args.bake_file, args.target, records=args.records, push=args.push,
+                          metadata_file=args.metadata_file)
+        else:
+            files = [f for p in args.records for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+            assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial)
+    except BakeryError as exc:
+        print(f"bakery.release: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

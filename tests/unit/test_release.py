@@ -1,0 +1,269 @@
+"""Publishing exactly what was verified (bakery/release.py, bakery/publish.py), without Docker.
+
+A failed gate leaves no tag, no push and no record; the manifest is assembled only from records, and
+only after each pushed digest is shown to hold the very image the gate verified.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bakery.publish as publish
+import bakery.release as release
+from bakery import __version__
+from bakery.bakefile import write_bake_file
+from bakery.errors import InputError, VerificationError
+from bakery.release import VerifiedRecord, assemble, matrix, plan_manifests, verify_target
+from bakery.spec import available_engines, load_engine
+from bakery.verify import GateResult
+
+REV = "abc1234def5678900000000000000000000000000"
+IMAGE = {"amd64": "sha256:" + "a" * 64, "arm64": "sha256:" + "b" * 64}
+DIGEST = {"amd64": "sha256:" + "1" * 64, "arm64": "sha256:" + "2" * 64}
+
+
+def record(engine: str = "vllm", arch: str = "amd64", **changes) -> VerifiedRecord:
+    fields = dict(engine=engine, target=f"{engine}-{arch}", platform=f"linux/{arch}", variant="production",
+                  repository=f"ghcr.io/acme/{engine}", revision=REV, image_id=IMAGE[arch], checks_run=6,
+                  tags=[f"ghcr.io/acme/{engine}:x-{arch}"], pushed_ref=f"ghcr.io/acme/{engine}:x-{arch}",
+                  digest=DIGEST[arch])
+    fields.update(changes)
+    return VerifiedRecord(**fields)
+
+
+class Registry:
+    """A fake registry for imagetools: manifests by digest, and the index each tag was made into."""
+
+    def __init__(self, records: list[VerifiedRecord]) -> None:
+        self.refs: dict[str, dict] = {f"{r.repository}@{r.digest}": {"config": {"digest": r.image_id}}
+                                      for r in records}
+        self.commands: list[list[str]] = []
+
+    def inspect(self, ref: str):
+        return self.refs.get(ref)
+
+    def run(self, cmd: list[str]) -> None:
+        self.commands.append(cmd)
+        tags = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--tag"]
+        sources = [arg for arg in cmd[4:] if "@" in arg]
+        index = {"manifests": [{"digest": s.partition("@")[2]} for s in sources]}
+        for tag in tags:
+            self.refs[tag] = index
+
+
+# ---- the publishing rule ------------------------------------------------------------------------
+
+
+def _no_docker(*_a, **_k):
+    raise AssertionError("Docker was reached for an image that failed its gate")
+
+
+def test_tag_and_push_refuse_an_unverified_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish, "client", _no_docker)
+    with pytest.raises(VerificationError, match="no release tag"):
+        publish.tag_verified(IMAGE["amd64"], ["bakery/vllm:v1"], verified=False)
+    with pytest.raises(VerificationError, match="never pushed"):
+        publish.push_verified(IMAGE["amd64"], ["bakery/vllm:v1"], verified=False)
+
+
+@pytest.fixture
+def bake_file(tmp_path: Path) -> Path:
+    def wheelhouse(platform: str) -> Path:
+        directory = tmp_path / "wheels" / platform.replace("/", "-")
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    return write_bake_file([load_engine("vllm")], tmp_path / "bake" / "docker-bake.json", repository="ghcr.io/acme",
+                           wheelhouse=wheelhouse, build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"},
+                           quiet=True)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    monkeypatch.setattr(release, "built_image_id", lambda candidate, metadata, target: IMAGE["amd64"])
+    monkeypatch.setattr(publish, "tag_verified", lambda image_id, tags, verified: seen.append(f"tag {tags}"))
+    monkeypatch.setattr(publish, "push_verified", lambda image_id, tags, verified, progress=None:
+                        seen.append(f"push {tags}") or [f"{tags[0]}@{DIGEST['amd64']}"])
+    return seen
+
+
+def test_a_failed_gate_leaves_no_tag_no_push_no_record(bake_file: Path, tmp_path: Path, calls: list[str]) -> None:
+    def failing_gate(image_id, engine, **_kw):
+        return GateResult(passed=False, ran=5, failed=["test_worker_port_exposed"])
+
+    records = tmp_path / "records"
+    with pytest.raises(VerificationError, match="test_worker_port_exposed"):
+        verify_target(bake_file, "vllm-amd64", records=records, push=True, gate=failing_gate)
+    assert calls == []
+    assert not records.exists() or not list(records.iterdir())
+
+
+def test_a_gate_that_ran_nothing_is_not_a_pass(bake_file: Path, tmp_path: Path, calls: list[str]) -> None:
+    with pytest.raises(VerificationError, match="no check ran"):
+        verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True,
+                      gate=lambda *a, **k: GateResult(passed=False, ran=0))
+    assert calls == []
+
+
+def test_a_passed_gate_pushes_the_platform_tag_and_records_the_digest(bake_file: Path, tmp_path: Path,
+                                                                      calls: list[str]) -> None:
+    gate_calls = []
+
+    def gate(image_id, engine, **kw):
+        gate_calls.append((image_id, engine, kw["variant"]))
+        return GateResult(passed=True, ran=6)
+
+    rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=gate)
+    assert gate_calls == [(IMAGE["amd64"], "vllm", "production")]
+    tag = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-amd64"
+    assert calls == [f"tag {[tag]}", f"push {[tag]}"]
+    assert (rec.image_id, rec.digest, rec.pushed_ref) == (IMAGE["amd64"], DIGEST["amd64"], tag)
+    assert VerifiedRecord.read(tmp_path / "r" / "vllm-amd64.json") == rec
+
+
+def test_local_builds_are_never_pushed_for_release(tmp_path: Path, calls: list[str]) -> None:
+    def wheelhouse(platform: str) -> Path:
+        (tmp_path / "w").mkdir(exist_ok=True)
+        return tmp_path / "w"
+
+    from bakery.bakefile import host_platform
+
+    local = write_bake_file([load_engine("vllm")], tmp_path / "l" / "docker-bake.json", local=True,
+                            wheelhouse=wheelhouse, build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"},
+                            quiet=True)
+    target = f"vllm-{host_platform().split('/')[1]}"
+    with pytest.raises(InputError, match="only production builds are pushed"):
+        verify_target(local, target, records=tmp_path / "r", push=True,
+                      gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    rec = verify_target(local, target, records=tmp_path / "r", gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    assert rec.digest == "" and rec.tags[0].endswith("-gabc1234-local")
+
+
+def test_metadata_must_name_the_same_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Image:
+        id = IMAGE["amd64"]
+
+    class Client:
+        class images:  # mimics the SDK's client.images
+            @staticmethod
+            def get(ref):
+                return Image
+
+    monkeypatch.setattr("bakery.docker_engine.client", lambda: Client)
+    meta = {"vllm-amd64": {"containerimage.config.digest": IMAGE["amd64"]}}
+    assert release.built_image_id("x:candidate", meta, "vllm-amd64") == IMAGE["amd64"]
+    with pytest.raises(release.BuildError, match="not the same image"):
+        release.built_image_id("x:candidate", {"vllm-amd64": {"containerimage.config.digest": IMAGE["arm64"]}},
+                               "vllm-amd64")
+
+
+# ---- the manifest -------------------------------------------------------------------------------
+
+
+def test_assemble_creates_release_tags_from_verified_digests_only() -> None:
+    records = [record(arch="arm64"), record(arch="amd64")]
+    registry = Registry(records)
+    plans = assemble(records, inspect=registry.inspect, run=registry.run)
+    tags = [f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234", f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}",
+            "ghcr.io/acme/vllm:v0.10.2", "ghcr.io/acme/vllm:latest"]
+    assert registry.commands == [["docker", "buildx", "imagetools", "create",
+                                  *[a for t in tags for a in ("--tag", t)],
+                                  f"ghcr.io/acme/vllm@{DIGEST['amd64']}", f"ghcr.io/acme/vllm@{DIGEST['arm64']}"]]
+    assert plans[0].pinned == tags[0]
+
+
+def test_a_digest_holding_another_image_is_refused() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records)
+    registry.refs[f"ghcr.io/acme/vllm@{DIGEST['arm64']}"] = {"config": {"digest": "sha256:" + "f" * 64}}
+    with pytest.raises(VerificationError, match="not the verified image"):
+        assemble(records, inspect=registry.inspect, run=registry.run)
+    assert registry.commands == []
+
+
+def test_a_missing_digest_is_refused() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records[:1])
+    with pytest.raises(VerificationError, match="not in the registry"):
+        assemble(records, inspect=registry.inspect, run=registry.run)
+
+
+def test_a_commit_tag_is_never_moved() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records)
+    pinned = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234"
+    registry.refs[pinned] = {"manifests": [{"digest": "sha256:" + "9" * 64}]}
+    with pytest.raises(VerificationError, match="never moved"):
+        assemble(records, inspect=registry.inspect, run=registry.run)
+    registry.refs[pinned] = {"manifests": [{"digest": DIGEST["amd64"]}, {"digest": DIGEST["arm64"]}]}
+    assemble(records, inspect=registry.inspect, run=registry.run)  # a re-run with the same digests is fine
+
+
+def test_a_created_tag_listing_other_digests_fails() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records)
+
+    def sloppy_run(cmd):
+        registry.run(cmd)
+        registry.refs["ghcr.io/acme/vllm:latest"] = {"manifests": [{"digest": DIGEST["amd64"]}]}
+
+    with pytest.raises(VerificationError, match="not the verified"):
+        assemble(records, inspect=registry.inspect, run=sloppy_run)
+
+
+@pytest.mark.parametrize(("records", "message"), [
+    ([], "nothing passed the gate"),
+    ([record(arch="amd64")], "no verified image for linux/arm64"),
+    ([record(arch="amd64"), record(arch="amd64")], "two records for one platform"),
+    ([record(arch="amd64", variant="local"), record(arch="arm64")], "only production"),
+    ([record(arch="amd64", digest=""), record(arch="arm64")], "was not pushed"),
+    ([record(arch="amd64"), record(arch="arm64", revision="f" * 40)], "disagree on revision"),
+])
+def test_plan_manifests_refuses_incomplete_or_mixed_records(records, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        plan_manifests(records)
+
+
+def test_partial_release_only_when_asked() -> None:
+    plans = plan_manifests([record(arch="amd64")], allow_partial=True)
+    assert plans[0].sources == [f"ghcr.io/acme/vllm@{DIGEST['amd64']}"]
+
+
+def test_dirty_revision_has_no_pinned_tag() -> None:
+    recs = [record(arch="amd64", revision=REV + "-dirty"), record(arch="arm64", revision=REV + "-dirty")]
+    plan = plan_manifests(recs)[0]
+    assert plan.pinned is None and plan.tags[0] == f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}"
+
+
+def test_assemble_cli_reads_record_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    for rec in (record(arch="amd64"), record(arch="arm64")):
+        rec.write(tmp_path)
+    registry = Registry([record(arch="amd64"), record(arch="arm64")])
+    monkeypatch.setitem(release.assemble.__kwdefaults__, "inspect", registry.inspect)
+    monkeypatch.setitem(release.assemble.__kwdefaults__, "run", registry.run)
+    assert release.main(["assemble", str(tmp_path), "--dry-run"]) == 0
+    assert registry.commands == []
+    (tmp_path / "broken.json").write_text("{")
+    assert release.main(["assemble", str(tmp_path)]) == 2
+
+
+# ---- the matrix ---------------------------------------------------------------------------------
+
+
+def test_matrix_has_one_native_job_per_target() -> None:
+    include = matrix(available_engines(), local=False)["include"]
+    expected = {(name, p) for name in available_engines() for p in load_engine(name).base.platforms}
+    assert {(m["engine"], m["platform"]) for m in include} == expected
+    for entry in include:
+        assert entry["target"] == f"{entry['engine']}-{entry['platform'].split('/')[1]}"
+        assert entry["runner"] == ("ubuntu-24.04-arm" if entry["platform"] == "linux/arm64" else "ubuntu-24.04")
+
+
+def test_matrix_cli_prints_json(capsys) -> None:
+    assert release.main(["matrix", "--engine", "vllm", "--local"]) == 0
+    include = json.loads(capsys.readouterr().out)["include"]
+    assert [m["engine"] for m in include] == ["vllm"]
