@@ -81,4 +81,6 @@ def run_pipeline(specs: list[EngineSpec], args: argparse.Namespace) -> dict[str,
         state = "ok" if item["ok"] else "FAILED"
         detail = ", ".join(item["tags"][:1]) if item["ok"] else ", ".join(item["failed_checks"])
         print(f"{item['engine']}: {state} {detail}", file=sys.stderr)
+        for pushed in item["pushed"]:  # what was published is the image the gate verified, by digest
+            print(f"{item['engine']}: pushed {pushed} (verified image {item['image_id']})", file=sys.stderr)
     return {"ok": all(r["ok"] for r in results), "engines": results}
