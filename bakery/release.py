@@ -99,8 +99,8 @@ def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str)
     if metadata is not None:
         config = (metadata.get(target) or {}).get("containerimage.config.digest")
         if not config:
-            raise BuildError(f"bake's metadata has no containerimage.config.digest for {target}")
-        if config != image_id:
+            _say(f"bake's metadata has no containerimage.config.digest for {target}: using {candidate}'s image")
+        elif config != image_id:
             raise BuildError(f"{candidate} is {image_id[:19]}, but bake built {config[:19]}: not the same image")
     return image_id
 

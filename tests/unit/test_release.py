@@ -156,6 +156,7 @@ def test_metadata_must_name_the_same_image(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("bakery.docker_engine.client", lambda: Client)
     meta = {"vllm-amd64": {"containerimage.config.digest": IMAGE["amd64"]}}
     assert release.built_image_id("x:candidate", meta, "vllm-amd64") == IMAGE["amd64"]
+    assert release.built_image_id("x:candidate", {"vllm-amd64": {}}, "vllm-amd64") == IMAGE["amd64"]
     with pytest.raises(release.BuildError, match="not the same image"):
         release.built_image_id("x:candidate", {"vllm-amd64": {"containerimage.config.digest": IMAGE["arm64"]}},
                                "vllm-amd64")
