@@ -22,7 +22,11 @@ GATE_DIR = REPO_ROOT / "tests" / "image"
 GATE_CHECKS = GATE_DIR / "test_gate.py"
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
 # what needs no engine: the image's configuration and the worker's resolution.
-LEVELS = {"local": "config or resolution or serve", "production": "config or resolution", "custom": "config or resolution"}
+LEVELS = {
+    "local": "config or resolution or serve",
+    "production": "config or resolution",
+    "custom": "config or resolution",
+}
 
 
 @dataclass

@@ -40,7 +40,8 @@ def without_markers(requirements: str) -> str:
 
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
-    key = hashlib.sha256(REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, PYTHON_VERSIONS, _GLIBC)).encode()).hexdigest()[:16]
+    inputs = REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, PYTHON_VERSIONS, _GLIBC)).encode()
+    key = hashlib.sha256(inputs).hexdigest()[:16]
     dest = cache_dir() / "wheelhouse" / f"{platform.replace('/', '-')}-{key}"
     done = dest / ".complete"
     if done.exists():

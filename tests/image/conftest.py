@@ -6,6 +6,7 @@ Suite mode (plain pytest): every engine's image is built on its local base first
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -101,10 +102,8 @@ class Containers:
 
     def remove_all(self) -> None:
         for launched in self.started:
-            try:
+            with contextlib.suppress(docker.errors.DockerException):
                 launched.container.remove(force=True)
-            except docker.errors.DockerException:
-                pass
 
 
 @pytest.fixture(scope="session")

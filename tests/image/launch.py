@@ -75,7 +75,7 @@ class Launched:
             try:
                 if predicate():
                     return True
-            except Exception:  # noqa: BLE001,S112 - the container may be mid-start or gone
+            except Exception:  # noqa: BLE001, S110 - the container may be mid-start or gone
                 pass
             if not self.running():
                 try:

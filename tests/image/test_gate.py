@@ -100,7 +100,8 @@ def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> 
 
 @pytest.mark.serve
 def test_worker_ready_benchmark_written(serverless: Launched) -> None:
-    assert serverless.ready(READY_TIMEOUT), f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
+    assert serverless.ready(READY_TIMEOUT), \
+        f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
 
 
 @pytest.mark.serve

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from bakery import bases
-from bakery.builder import build_context, build_args, context_dir
+from bakery.builder import build_args, build_context, context_dir
 from bakery.render import RenderOptions, render, write_context
 from bakery.spec import load_engine
 from bakery.verify import run_gate

@@ -61,10 +61,7 @@ def unquote(raw: str) -> str:
             quote = c
         elif quote == c:
             quote = None
-        elif quote == '"' and c == "\\" and i + 1 < len(raw) and raw[i + 1] in '"$\\':
-            out.append(raw[i + 1])
-            i += 1
-        elif quote is None and c == "\\" and i + 1 < len(raw):
+        elif c == "\\" and i + 1 < len(raw) and (quote is None or (quote == '"' and raw[i + 1] in '"$\\')):
             out.append(raw[i + 1])
             i += 1
         elif quote is None and c == "$":
@@ -85,5 +82,7 @@ def env_of(dockerfile: str) -> dict[str, str]:
         if ins == "ENV":
             for word in split_words(args):
                 name, _, value = word.partition("=")
+                if name == "PATH":  # the one deliberate expansion: the base's PATH plus ours
+                    continue
                 env[name] = unquote(value)
     return env

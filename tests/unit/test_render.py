@@ -61,8 +61,8 @@ def test_undefined_template_variable_is_an_error(tmp_path: Path, monkeypatch: py
     (tmp_path / "strict.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
                                                    "RUN echo {{ no_such_thing }}{% endblock %}")
     loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
-    monkeypatch.setattr(render_mod, "_environment", lambda: jinja2.Environment(loader=loader,
-                                                                               undefined=jinja2.StrictUndefined))
+    strict = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined)  # noqa: S701 - a Dockerfile
+    monkeypatch.setattr(render_mod, "_environment", lambda: strict)
     data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
     data["template"] = "strict.Dockerfile.j2"
     with pytest.raises(InputError, match="undefined variable: 'no_such_thing' is undefined"):
@@ -72,7 +72,7 @@ def test_undefined_template_variable_is_an_error(tmp_path: Path, monkeypatch: py
 def test_missing_template_is_one_clear_line() -> None:
     data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
     data["template"] = "nope.Dockerfile.j2"
-    with pytest.raises(InputError, match="templates/nope.Dockerfile.j2 does not exist"):
+    with pytest.raises(InputError, match=r"templates/nope\.Dockerfile\.j2 does not exist"):
         render(parse_spec(data, "images/vllm.yaml"))
 
 

