@@ -147,3 +147,45 @@ def test_engine_load_failure_reported(image: ImageUnderTest, containers: Contain
     matched = re.findall(r"Got log line indicating error: (.*)", logs)
     reported = any(err in line for line in matched for err in errors)
     assert reported, f"the worker did not report itself errored:\n{logs[-3000:]}"
+
+
+@pytest.mark.resolution
+def test_second_entry_point_is_refused(serverless: Launched) -> None:
+    # One engine and one worker per container: a second boot (e.g. a template's onstart running the
+    # entry point again, upstream's double-worker incident) must refuse rather than bind :3000 twice.
+    result = serverless.host.run(f"{WORKER_PYTHON} /opt/bakery/worker/boot/entrypoint.py")
+    assert result.rc == 2, result.stdout + result.stderr
+    assert "already running" in result.stderr
+
+
+@pytest.mark.serve
+def test_engine_runs_alone_without_serverless(image: ImageUnderTest, containers: Containers) -> None:
+    env = serverless_env(image.spec)
+    env.pop("SERVERLESS")
+    launched = containers.launch(image, env, "ondemand")
+    assert launched.wait_for(lambda: launched.host.socket("tcp://127.0.0.1:18000").is_listening, 60), \
+        f"the engine did not start without SERVERLESS:\n{launched.logs()[-2000:]}"
+    assert not launched.host.socket("tcp://0.0.0.0:3000").is_listening, "a worker started without SERVERLESS=true"
+    assert "Using worker backend" not in launched.logs()
+
+
+@pytest.mark.serve
+def test_sigterm_stops_both_and_reboot_rotates_model_log(image: ImageUnderTest, containers: Containers) -> None:
+    launched = containers.launch(image, serverless_env(image.spec), "reboot")
+    assert launched.ready(READY_TIMEOUT), f"not ready:\n{launched.logs()[-2000:]}"
+    launched.container.stop(timeout=30)  # SIGTERM, then SIGKILL after 30 s
+    launched.container.reload()
+    state = launched.container.attrs["State"]
+    assert state["ExitCode"] == 0, f"SIGTERM did not end the container cleanly: {state}"
+    logs = launched.logs()
+    assert "stopped: worker" in logs and f"stopped: {image.spec.name}" in logs, logs[-2000:]
+    # Second boot: the first boot's load line must not be in the log the worker reads.
+    launched.container.start()
+    launched._ready = None
+    log = image.expected_env["MODEL_LOG"]
+    load_lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
+    assert launched.wait_for(lambda: any(line in launched.file_text(log) for line in load_lines), 60)
+    previous = launched.file_text(log + ".1")
+    assert any(line in previous for line in load_lines), "the previous boot's log was not kept as MODEL_LOG.1"
+    current = launched.file_text(log)
+    assert sum(current.count(line) for line in load_lines) == 1, "the log the worker reads holds an old load line"
