@@ -162,7 +162,7 @@ def imagetools_inspect_raw(ref: str) -> dict[str, Any] | None:
     proc = subprocess.run(["docker", "buildx", "imagetools", "inspect", "--raw", ref], capture_output=True,
                           text=True, check=False)
     if proc.returncode != 0:
-        if "not found" in proc.stderr.lower() or "manifest unknown" in proc.stderr.lower():
+        if any(text in proc.stderr.lower() for text in ("not found", "manifest unknown", "name unknown")):
             return None
         raise BuildError(f"docker buildx imagetools inspect {ref} failed: {proc.stderr.strip()[-300:]}")
     return json.loads(proc.stdout)
@@ -231,8 +231,25 @@ def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[s
                                     "refusing to publish it")
 
 
-def _listed(index: dict[str, Any] | None) -> set[str]:
-    return {m.get("digest", "") for m in (index or {}).get("manifests", [])}
+def _holds(found: dict[str, Any] | None, group: list[VerifiedRecord]) -> bool:
+    """True when `found` (a tag's raw index or manifest) is exactly the verified images of `group`.
+
+    An index must list exactly the verified digests; a plain manifest (imagetools copies a single
+    source as is when it does not prefer an index) must hold the one verified image id as its config.
+    """
+    if found is None:
+        return False
+    if "manifests" in found:
+        return {m.get("digest") for m in found["manifests"]} == {r.digest for r in group}
+    return len(group) == 1 and (found.get("config") or {}).get("digest") == group[0].image_id
+
+
+def _describe(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "nothing"
+    if "manifests" in found:
+        return ", ".join(sorted(str(m.get("digest")) for m in found["manifests"]))
+    return f"config {(found.get('config') or {}).get('digest')}"
 
 
 def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_partial: bool = False,
@@ -241,10 +258,10 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
     """Create each engine's release tags as a manifest list of its verified digests, and check the result."""
     plans = plan_manifests(records, allow_partial=allow_partial)
     check_sources(records, inspect)
-    wanted = {p.engine: {s.partition("@")[2] for s in p.sources} for p in plans}
     for plan in plans:
+        group = [r for r in records if r.engine == plan.engine]
         existing = inspect(plan.pinned) if plan.pinned else None
-        if existing is not None and _listed(existing) != wanted[plan.engine]:
+        if existing is not None and not _holds(existing, group):
             raise VerificationError(f"{plan.pinned} already exists with other images: a commit tag is never moved")
         _say(f"{plan.engine}: " + " ".join(plan.command()))
         if dry_run:
@@ -252,9 +269,9 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
         (run or _run)(plan.command())
         for tag in plan.tags:
             created = inspect(tag)
-            if _listed(created) != wanted[plan.engine]:
-                raise VerificationError(f"{tag} lists {sorted(_listed(created))}, not the verified "
-                                        f"{sorted(wanted[plan.engine])}")
+            if not _holds(created, group):
+                raise VerificationError(f"{tag} holds {_describe(created)}, not the verified "
+                                        f"{', '.join(sorted(r.digest for r in group))}")
         _say(f"{plan.engine}: published {', '.join(plan.tags)} from {len(plan.sources)} verified digest(s)")
     return plans
 

@@ -229,6 +229,29 @@ def test_plan_manifests_refuses_incomplete_or_mixed_records(records, message: st
         plan_manifests(records)
 
 
+def test_a_single_platform_release_may_be_a_plain_manifest_copy() -> None:
+    records = [record(engine="sglang", arch="amd64", repository="ghcr.io/acme/sglang")]
+    registry = Registry(records)
+
+    def copy_as_is(cmd):  # imagetools without --prefer-index copies a single source unchanged
+        registry.commands.append(cmd)
+        for i, arg in enumerate(cmd):
+            if arg == "--tag":
+                registry.refs[cmd[i + 1]] = {"config": {"digest": IMAGE["amd64"]}}
+
+    assemble(records, inspect=registry.inspect, run=copy_as_is)
+    assert registry.commands and registry.commands[0][-1] == f"ghcr.io/acme/sglang@{DIGEST['amd64']}"
+
+    def copy_other(cmd):
+        for i, arg in enumerate(cmd):
+            if arg == "--tag":
+                registry.refs[cmd[i + 1]] = {"config": {"digest": IMAGE["arm64"]}}
+
+    registry = Registry(records)
+    with pytest.raises(VerificationError, match="not the verified"):
+        assemble(records, inspect=registry.inspect, run=copy_other)
+
+
 def test_partial_release_only_when_asked() -> None:
     plans = plan_manifests([record(arch="amd64")], allow_partial=True)
     assert plans[0].sources == [f"ghcr.io/acme/vllm@{DIGEST['amd64']}"]
