@@ -169,3 +169,18 @@ def test_ci_command_writes_the_override(tmp_path: Path, fake_wheelhouse) -> None
     assert main(["ci", "--bake-file", str(path), "--target", "vllm-amd64", "--cache", "gha", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["target"]["vllm-amd64"]["cache-to"][0].startswith("type=gha,")
     assert main(["ci", "--bake-file", str(tmp_path / "missing.json"), "--target", "x", "--out", str(out)]) == 2
+
+
+def test_build_py_bake_file_option(tmp_path: Path, fake_wheelhouse, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import bakery.wheelhouse
+    from bakery.cli import main as build_py
+
+    monkeypatch.setattr(bakery.wheelhouse, "wheelhouse", fake_wheelhouse)
+    path = tmp_path / "out" / "docker-bake.json"
+    assert build_py(["--engine", "vllm", "--engine", "llama", "--bake-file", str(path),
+                     "--repository", "ghcr.io/acme"]) == 0
+    bake = load_bake_file(path)
+    assert bake["group"]["default"] == {"targets": ["llama", "vllm"]}
+    assert set(bake["target"]) == {"llama-amd64", "llama-arm64", "vllm-amd64", "vllm-arm64"}
+    assert "docker buildx bake" in capsys.readouterr().err
+    assert build_py(["--engine", "vllm", "--bake-file", str(tmp_path / "b.hcl")]) == 2
