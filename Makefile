@@ -26,6 +26,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(PY) build.py --all --render-only --out .cache/rendered
 	for f in .cache/rendered/*/Dockerfile; do $(VENV)/bin/hadolint --config .hadolint.yaml $$f || exit 1; done
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 render: setup
 	$(PY) build.py --all --render-only --out out

@@ -27,6 +27,9 @@ PLATFORM_ENV = {
 }
 # Test sizing, not configuration: a one-request benchmark so a CPU model is ready in seconds.
 BENCHMARK_ENV = {"BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1", "BENCHMARK_MAX_TOKENS": "8"}
+# When the engine dies the container stops after this grace; on a production base without a GPU the
+# engine dies at once, and the resolution checks need the worker up meanwhile.
+GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
 # The model each local base serves (the real SmolLM2 file in the llama.cpp base; any id for stand-ins).
 LOCAL_MODELS = {"llama": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
 STANDIN_MODEL = "standin/tiny-chat"
@@ -38,7 +41,7 @@ CLIENT = "/opt/bakery/worker/workers/openai/client.py"
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
     env = {"SERVERLESS": "true", spec.engine.model_var: LOCAL_MODELS.get(spec.name, STANDIN_MODEL),
-           **PLATFORM_ENV, **BENCHMARK_ENV}
+           **PLATFORM_ENV, **BENCHMARK_ENV, **GRACE_ENV}
     env.update(overrides)
     return env
 

@@ -134,7 +134,7 @@ def test_empty_backend_fails_loudly(image: ImageUnderTest, containers: Container
 @pytest.mark.serve
 def test_engine_load_failure_reported(image: ImageUnderTest, containers: Containers) -> None:
     # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
-    env = serverless_env(image.spec, STANDIN_FAIL_LOAD="1")
+    env = serverless_env(image.spec, STANDIN_FAIL_LOAD="1", BAKERY_EXIT_GRACE="3")
     if image.spec.name == "llama":
         env[image.spec.engine.model_var] = "/models/missing.gguf"
     launched = containers.launch(image, env, "loadfail")
