@@ -130,7 +130,8 @@ class Flag:
 
     def __post_init__(self) -> None:
         if not self.dest:
-            self.dest = self.names[0].lstrip("-").replace("-", "_")
+            long = next((n for n in self.names if n.startswith("--")), self.names[0])
+            self.dest = long.lstrip("-").replace("-", "_")
 
 
 @dataclass

@@ -1,0 +1,293 @@
+"""The stand-in engines as host processes (no Docker): log lines, /health timing, API, switches."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tests.bases.conftest import STANDIN_DIR, StandinProc, free_port, wait_for
+
+VLLM = ["vllm", "serve", "org/model-7b", "--host", "127.0.0.1", "--port", "{port}"]
+SGLANG = ["sglang", "--model-path", "org/model-7b", "--host", "127.0.0.1", "--port", "{port}"]
+
+
+def request(sp: StandinProc, method: str, path: str, body: Any = None,
+            headers: dict[str, str] | None = None) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", sp.port, timeout=10)
+    try:
+        conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                     headers={"content-type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def health(sp: StandinProc) -> int | None:
+    """/health status, or None while the port refuses connections."""
+    try:
+        return request(sp, "GET", "/health")[0]
+    except (TimeoutError, ConnectionRefusedError, ConnectionResetError):
+        return None
+
+
+def post_json(sp: StandinProc, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, text = request(sp, "POST", path, body)
+    assert status == 200, text
+    return json.loads(text)
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Unit level: the stand-in's parser and answers (imported without putting `vllm` on sys.path)
+
+
+@pytest.fixture(scope="module")
+def core() -> Any:
+    sys.path.insert(0, str(STANDIN_DIR))
+    try:
+        from bakery_standin import core as module
+    finally:
+        sys.path.remove(str(STANDIN_DIR))
+    return module
+
+
+def test_tolerant_parser_keeps_unknown_args_and_values(core: Any) -> None:
+    flags = [core.Flag(("--port",)), core.Flag(("--trust-remote-code",), 0, used=False),
+             core.Flag(("--served-model-name",), "+")]
+    parsed = core.parse_tolerant(
+        ["--dtype", "half", "model", "--port=9", "--trust-remote-code", "--served-model-name", "a", "b",
+         "--flag", "--x=1"], flags)
+    assert parsed.positionals == ["model"]
+    assert parsed.values == {"port": "9", "trust_remote_code": True, "served_model_name": ["a", "b"]}
+    assert parsed.unknown == ["--dtype", "half", "--flag", "--x=1"]
+    assert parsed.ignored == ["--trust-remote-code"]
+
+
+def test_answers_are_deterministic_and_named(core: Any) -> None:
+    a = core.reply_tokens("hello", 12)
+    assert a == core.reply_tokens("hello", 12)
+    assert a != core.reply_tokens("other prompt", 12)
+    assert "".join(a).startswith("Stand-in answer:")
+    assert core.reply_tokens("hello", 5) == a[:5]
+    assert len(core.reply_tokens("x", 200)) == 200
+
+
+@pytest.mark.parametrize("env", [{"STANDIN_LOAD_SECONDS": "soon"}, {"STANDIN_FAIL_LOAD": "maybe"},
+                                 {"STANDIN_REPLY_TOKENS": "0"}])
+def test_bad_switch_is_a_usage_error(core: Any, env: dict[str, str]) -> None:
+    with pytest.raises(core.UsageError):
+        core.Options.from_env(env)
+
+
+# ---------------------------------------------------------------------------------------------------
+# vLLM
+
+
+def test_vllm_port_closed_until_ready_then_health_200(standin: Any) -> None:
+    sp = standin(VLLM, {"STANDIN_LOAD_SECONDS": "1.5"})
+    sp.wait_line("vLLM API server version 0.11.0+standin")
+    assert health(sp) is None  # bound, not listening: refused while loading
+    sp.wait_line("Application startup complete.")
+    assert health(sp) == 200
+    text = sp.text
+    order = [text.index(s) for s in ("vLLM API server version", "bakery stand-in for vLLM",
+                                     "Starting vLLM server on http://127.0.0.1:", "Application startup complete.")]
+    assert order == sorted(order)
+    assert f"(APIServer pid={sp.proc.pid}) INFO:     Application startup complete." in text
+    assert '"GET /health HTTP/1.1" 200 OK' in text
+
+
+def test_vllm_module_entrypoint_and_unknown_args(standin: Any) -> None:
+    sp = standin(["-m", "vllm.entrypoints.openai.api_server", "--model", "org/m", "--host", "127.0.0.1",
+                  "--port", "{port}", "--served-model-name", "served", "--dtype", "half", "--foo-bar", "1",
+                  "--trust-remote-code"])
+    sp.wait_line("Application startup complete.")
+    assert "engine args accepted without effect: ['--dtype', 'half', '--trust-remote-code']" in sp.text
+    assert "unknown args tolerated and ignored: ['--foo-bar', '1']" in sp.text
+    models = json.loads(request(sp, "GET", "/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == ["served"]
+    assert models["data"][0]["root"] == "org/m"
+
+
+def test_vllm_completion_chat_and_streaming(standin: Any) -> None:
+    sp = standin(VLLM)
+    sp.wait_line("Application startup complete.")
+    first = post_json(sp, "/v1/completions", {"model": "org/model-7b", "prompt": "Hello", "max_tokens": 6})
+    again = post_json(sp, "/v1/completions", {"prompt": "Hello", "max_tokens": 6})
+    assert first["choices"][0]["text"] == again["choices"][0]["text"]
+    assert first["choices"][0]["text"].startswith("Stand-in answer:")
+    assert first["choices"][0]["finish_reason"] == "length"
+    assert first["usage"]["completion_tokens"] == 6
+    assert first["system_fingerprint"] == "vllm-0.11.0+standin"
+
+    chat_body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 500}
+    chat = post_json(sp, "/v1/chat/completions", chat_body)
+    content = chat["choices"][0]["message"]["content"]
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["finish_reason"] == "stop"
+
+    status, text = request(sp, "POST", "/v1/chat/completions",
+                           {**chat_body, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    events = sse_events(text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert streamed == content
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+    status, text = request(sp, "POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 6, "stream": True})
+    events = sse_events(text)
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == first["choices"][0]["text"]
+
+
+def test_vllm_request_errors(standin: Any) -> None:
+    sp = standin([*VLLM, "--api-key", "k1", "--max-model-len", "20"])
+    sp.wait_line("Application startup complete.")
+    auth = {"authorization": "Bearer k1"}
+    assert request(sp, "POST", "/v1/completions", {"prompt": "x"})[0] == 401
+    assert request(sp, "POST", "/v1/completions", {"prompt": "x", "model": "nope"}, auth)[0] == 404
+    assert request(sp, "POST", "/v1/completions", {"prompt": "x " * 30, "max_tokens": 5}, auth)[0] == 400
+    assert request(sp, "POST", "/v1/chat/completions", {"messages": []}, auth)[0] == 400
+    assert request(sp, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, auth)[0] == 400
+    assert request(sp, "GET", "/nowhere")[0] == 404
+    assert request(sp, "GET", "/health")[0] == 200  # health needs no key
+
+
+def test_vllm_fail_load_prints_real_fatal_lines(standin: Any) -> None:
+    sp = standin(VLLM, {"STANDIN_FAIL_LOAD": "1"})
+    assert sp.wait_exit() == 1
+    text = sp.text
+    for needle in ("EngineCore failed to start.", "Traceback (most recent call last):",
+                   "RuntimeError: Engine core initialization failed. See root cause above.",
+                   "bakery stand-in: STANDIN_FAIL_LOAD"):
+        assert needle in text
+    assert "Application startup complete." not in text
+    assert health(sp) is None
+
+
+def test_vllm_crash_after_load(standin: Any) -> None:
+    sp = standin(VLLM, {"STANDIN_CRASH_AFTER_LOAD": "0.5", "STANDIN_EXIT_DELAY": "2",
+                        "STANDIN_FAIL_REASON": "RuntimeError: boom"})
+    sp.wait_line("Application startup complete.")
+    sp.wait_line("EngineCore encountered a fatal error.")
+    assert health(sp) == 503  # the engine died, the API server still answers
+    assert request(sp, "POST", "/v1/completions", {"prompt": "x"})[0] == 500
+    assert sp.wait_exit() == 1
+    assert "RuntimeError: boom" in sp.text and "EngineDeadError" in sp.text
+
+
+def test_vllm_sigterm_is_a_clean_exit(standin: Any) -> None:
+    sp = standin(VLLM)
+    sp.wait_line("Application startup complete.")
+    sp.proc.terminate()
+    assert sp.wait_exit() == 0
+    assert f"Finished server process [{sp.proc.pid}]" in sp.text
+
+
+def test_vllm_port_in_use_fails_at_start(standin: Any) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        sp = standin(VLLM, port=taken.getsockname()[1])
+        assert sp.wait_exit() == 1
+    assert "OSError: [Errno 98] Address already in use" in sp.text
+
+
+def test_vllm_executable_version_and_help() -> None:
+    import subprocess
+
+    vllm = str(STANDIN_DIR / "bin" / "vllm")
+    out = subprocess.run([sys.executable, vllm, "--version"], capture_output=True, text=True, check=True,
+                         timeout=30)
+    assert out.stdout.strip() == "0.11.0+standin"
+    out = subprocess.run([sys.executable, vllm, "serve", "--help"], capture_output=True, text=True, check=True,
+                         timeout=30)
+    assert "stand-in" in out.stdout
+    out = subprocess.run([sys.executable, vllm, "bench"], capture_output=True, text=True, check=False, timeout=30)
+    assert out.returncode == 2 and "only implements `vllm serve`" in out.stderr
+
+
+def test_concurrent_streams_overlap(standin: Any) -> None:
+    sp = standin(VLLM, {"STANDIN_TOKEN_DELAY": "0.05"})
+    sp.wait_line("Application startup complete.")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True}
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _i: request(sp, "POST", "/v1/chat/completions", body), range(8)))
+    elapsed = time.monotonic() - started
+    assert all(status == 200 and text.rstrip().endswith("data: [DONE]") for status, text in results)
+    assert elapsed < 8 * 10 * 0.05 / 2, f"8 streams of 0.5 s took {elapsed:.2f} s: not concurrent"
+
+
+# ---------------------------------------------------------------------------------------------------
+# SGLang
+
+
+def test_sglang_health_503_while_warming_then_200(standin: Any) -> None:
+    sp = standin(SGLANG, {"STANDIN_LOAD_SECONDS": "0.5", "STANDIN_WARMUP_SECONDS": "1.5"})
+    sp.wait_line("server_args=ServerArgs(model_path='org/model-7b'")
+    assert health(sp) is None  # weights loading: port closed
+    sp.wait_line("Uvicorn running on http://127.0.0.1:")
+    assert "fired up" not in sp.text
+    assert health(sp) == 503
+    sp.wait_line("The server is fired up and ready to roll!")
+    assert health(sp) == 200
+    text = sp.text
+    assert text.index("Uvicorn running on") < text.index('"POST /generate HTTP/1.1" 200 OK') \
+        < text.index("The server is fired up and ready to roll!")
+    assert '"GET /health HTTP/1.1" 503 Service Unavailable' in text
+    answer = post_json(sp, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert answer["choices"][0]["message"]["content"].startswith("Stand-in answer:")
+    assert answer["system_fingerprint"] == "sglang-0.5.4+standin"
+
+
+def test_sglang_module_entrypoint_defaults_and_unknown_args(standin: Any) -> None:
+    port = free_port()
+    sp = standin(["-m", "sglang.launch_server", "--model-path", "m", "--port", str(port), "--tp", "2",
+                  "--enable-foo"], {"STANDIN_WARMUP_SECONDS": "0"}, port=port)
+    sp.wait_line("The server is fired up and ready to roll!")
+    assert "host='127.0.0.1'" in sp.text
+    assert "unknown args tolerated and ignored: ['--enable-foo']" in sp.text
+    assert json.loads(request(sp, "GET", "/get_model_info")[1])["model_path"] == "m"
+
+
+def test_sglang_requires_model_path(standin: Any) -> None:
+    sp = standin(["sglang", "--port", "{port}"])
+    assert sp.wait_exit() == 2
+    assert "the following arguments are required: --model-path" in sp.text
+
+
+def test_sglang_fail_load_and_warmup(standin: Any) -> None:
+    sp = standin(SGLANG, {"STANDIN_FAIL_LOAD": "1"})
+    assert sp.wait_exit() == 1
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in sp.text
+    assert "Received sigquit from a child process" in sp.text
+    assert "Uvicorn running" not in sp.text
+
+    sp = standin(SGLANG, {"STANDIN_FAIL_LOAD": "warmup", "STANDIN_WARMUP_SECONDS": "0.2"})
+    sp.wait_line("Uvicorn running on")
+    assert sp.wait_exit() == 1
+    assert "Initialization failed. warmup error: Traceback (most recent call last):" in sp.text
+    assert "fired up" not in sp.text
+
+
+def test_sglang_crash_after_load(standin: Any) -> None:
+    sp = standin(SGLANG, {"STANDIN_WARMUP_SECONDS": "0", "STANDIN_CRASH_AFTER_LOAD": "0.3",
+                          "STANDIN_EXIT_DELAY": "1.5"})
+    sp.wait_line("The server is fired up and ready to roll!")
+    sp.wait_line("Scheduler hit an exception")
+    assert wait_for(lambda: health(sp) == 503, 2, "/health 503 after the crash")
+    assert sp.wait_exit() == 1
