@@ -106,15 +106,19 @@ class Containers:
                 launched.container.remove(force=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def containers(docker_client: docker.DockerClient):
+    """Containers of one check, removed when it ends (idle engines would slow every later check)."""
     registry = Containers(docker_client)
     yield registry
     registry.remove_all()
 
 
 @pytest.fixture(scope="session")
-def serverless(image: ImageUnderTest, containers: Containers) -> Launched:
-    """A serverless launch with nothing baked passed in. Checks that need the worker ready wait for it
-    (once, remembered); resolution checks on a GPU-engine base never wait for a readiness that can't come."""
-    return containers.launch(image, serverless_env(image.spec), "serverless")
+def serverless(image: ImageUnderTest, docker_client: docker.DockerClient):
+    """A serverless launch with nothing baked passed in, shared by one engine's checks and removed
+    before the next engine's. Checks that need the worker ready wait for it (once, remembered);
+    resolution checks on a GPU-engine base never wait for a readiness that can't come."""
+    registry = Containers(docker_client)
+    yield registry.launch(image, serverless_env(image.spec), "serverless")
+    registry.remove_all()
