@@ -400,13 +400,16 @@ def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
         return target
     debootstrap = _find_debootstrap()
     mirror = debian_mirror()
-    for stale in rootfs_dir.glob(f"debian-{DEBIAN_SUITE}-*"):  # older recipes, interrupted runs
-        if stale.is_dir():
-            _remove_tree(stale)
+    for pattern in (f"debian-{DEBIAN_SUITE}-*", f".debian-{DEBIAN_SUITE}-*"):  # old recipes, interrupted runs
+        for stale in rootfs_dir.glob(pattern):
+            if stale.is_dir():
+                _remove_tree(stale)
+    debs = cache_dir() / "debootstrap-debs"  # downloaded packages, kept: a re-run only unpacks
+    debs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".debian-{DEBIAN_SUITE}-", dir=rootfs_dir))
     log_path = rootfs_dir / f"debian-{DEBIAN_SUITE}.debootstrap.log"
     cmd = [debootstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-           "--components=main", DEBIAN_SUITE, str(work), mirror]
+           "--components=main", f"--cache-dir={debs.resolve()}", DEBIAN_SUITE, str(work), mirror]
     say(f"debian: debootstrap {DEBIAN_SUITE} (minbase + {', '.join(DEBIAN_PACKAGES)}) from {mirror} "
         "(about a minute)")
     started = time.monotonic()
