@@ -290,13 +290,16 @@ def _label_changes(labels: dict[str, str]) -> list[str]:
 # debian: debootstrap -> rootfs (cached) -> docker import
 
 
-def debian_mirror() -> str:
-    """The Debian mirror this host's apt uses (BAKERY_DEBIAN_MIRROR overrides), for debootstrap."""
+def debian_mirror(apt: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror this host's apt uses (BAKERY_DEBIAN_MIRROR overrides), for debootstrap.
+
+    Reads one-line `sources.list` files and deb822 `.sources` files; the first `deb` source for the
+    suite that is not the security archive wins; falls back to deb.debian.org.
+    """
     override = os.environ.get("BAKERY_DEBIAN_MIRROR", "").strip()
     if override:
         return override.rstrip("/")
     sources: list[tuple[str, list[str]]] = []  # (uri, suites)
-    apt = Path("/etc/apt")
     for path in [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]:
         with contextlib.suppress(OSError):
             for line in path.read_text().splitlines():
@@ -356,37 +359,64 @@ _SLIM_RULES = "doc-but-copyright,man,info,locale-but-alias,lintian,apt-lists,apt
 
 
 def _slim_rootfs(root: Path) -> None:
-    """Remove docs, translations, apt caches and logs from a fresh rootfs (rules: _SLIM_RULES)."""
-    doc = root / "usr/share/doc"
-    for pkg in doc.iterdir() if doc.is_dir() else ():
-        for child in pkg.iterdir() if pkg.is_dir() and not pkg.is_symlink() else ():
+    """Remove docs, translations, apt caches and logs from a fresh rootfs (rules: _SLIM_RULES).
+
+    Nothing outside `root` is touched: a symlink in the rootfs (which would point into the host when
+    followed from here) is removed as a link, never followed.
+    """
+
+    def children(rel: str) -> list[Path]:
+        top = root / rel
+        inside = _inside(root, top) and not top.is_symlink()
+        return sorted(top.iterdir()) if inside and top.is_dir() else []
+
+    for pkg in children("usr/share/doc"):
+        for child in children(str(pkg.relative_to(root))):
             if child.name != "copyright":
-                _rm(child)
+                _rm(root, child)
     for rel in ("usr/share/man", "usr/share/info", "usr/share/lintian", "var/lib/apt/lists",
                 "var/cache/apt/archives"):
-        for child in (root / rel).iterdir() if (root / rel).is_dir() else ():
+        for child in children(rel):
             if child.name not in ("partial", "lock"):
-                _rm(child)
-    for child in (root / "usr/share/locale").iterdir() if (root / "usr/share/locale").is_dir() else ():
+                _rm(root, child)
+    for child in children("usr/share/locale"):
         if child.name != "locale.alias":
-            _rm(child)
+            _rm(root, child)
     for pattern in ("var/cache/apt/*.bin", "var/cache/debconf/*-old", "var/lib/dpkg/*-old",
-                    "var/log/apt/*", "var/log/*.log", "var/log/bootstrap.log"):
+                    "var/log/apt/*", "var/log/*.log"):
         for path in root.glob(pattern):
-            _rm(path)
-    (root / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True, exist_ok=True)
-    (root / "etc/dpkg/dpkg.cfg.d/bakery-nodoc").write_text(DPKG_NODOC)
-    (root / "etc/apt/apt.conf.d/90bakery-norecommends").write_text(APT_NORECOMMENDS)
-    for rel in ("etc/hostname", "etc/resolv.conf"):  # the host's: docker provides its own
-        with contextlib.suppress(OSError):
-            (root / rel).write_text("")
+            _rm(root, path)
+    for rel, text in (("etc/dpkg/dpkg.cfg.d/bakery-nodoc", DPKG_NODOC),
+                      ("etc/apt/apt.conf.d/90bakery-norecommends", APT_NORECOMMENDS)):
+        target = root / rel
+        if _inside(root, target.parent):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _rm(root, target)
+            target.write_text(text)
+    for rel in ("etc/hostname", "etc/resolv.conf"):  # the host's copies: docker provides its own
+        path = root / rel
+        if path.is_symlink():
+            path.unlink()
+        elif path.is_file():
+            path.write_text("")
 
 
-def _rm(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
+def _inside(root: Path, path: Path) -> bool:
+    """True when `path`, with its parent directories' symlinks resolved, stays inside `root`."""
+    try:
+        (path.parent.resolve() / path.name).relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _rm(root: Path, path: Path) -> None:
+    if not _inside(root, path):
+        return
+    if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
