@@ -112,7 +112,8 @@ def free_port() -> int:
 
 @dataclass
 class StandinProc:
-    """A stand-in running on the host; `lines` collects stdout and stderr as they arrive."""
+    """A stand-in running on the host; `lines` collects its output (stderr merged into stdout, so in
+    the order it was written: the stand-in writes each line whole and flushes it)."""
 
     proc: subprocess.Popen[str]
     port: int
@@ -164,7 +165,7 @@ def standin() -> Iterator[Callable[..., StandinProc]]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
         full_env.update({"PYTHONPATH": str(STANDIN_DIR), "STANDIN_LOAD_SECONDS": "0.3",
                          **(env or {})})
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=full_env, cwd=REPO_ROOT)
         sp = StandinProc(proc, port)
 
@@ -173,8 +174,7 @@ def standin() -> Iterator[Callable[..., StandinProc]]:
                 with sp.lock:
                     sp.lines.append(line.rstrip("\n"))
 
-        for stream in (proc.stdout, proc.stderr):
-            threading.Thread(target=reader, args=(stream,), daemon=True).start()
+        threading.Thread(target=reader, args=(proc.stdout,), daemon=True).start()
         procs.append(sp)
         return sp
 
