@@ -70,8 +70,25 @@ def build_local_image(spec: EngineSpec) -> str:
 
         bases.ensure_base("debian")
         base = bases.ensure_base(spec.base.local)
-        _BUILT[spec.name] = build_image(render(spec, RenderOptions(base_image=base)), lambda _m: None).image_id
+        image_id = build_image(render(spec, RenderOptions(base_image=base)), lambda _m: None).image_id
+        _replace_suite_tag(f"bakery-test/{spec.name}:suite", image_id)
+        _BUILT[spec.name] = image_id
     return _BUILT[spec.name]
+
+
+def _replace_suite_tag(ref: str, image_id: str) -> None:
+    """Tag the suite's build (a test tag, never a release tag) and drop the previous run's image, so
+    repeated runs on one machine do not pile up untagged images. Shared cached layers stay."""
+    client = docker.from_env()
+    try:
+        previous = client.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        previous = None
+    repo, _, tag = ref.rpartition(":")
+    client.images.get(image_id).tag(repo, tag)
+    if previous and previous != image_id:
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(previous)
 
 
 @pytest.fixture(scope="session")
