@@ -205,12 +205,6 @@ class SglangProfile(EngineProfile):
         self.uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address "
                      f"({cfg.host!r}, {cfg.port}): {(exc.strerror or str(exc)).lower()}", "ERROR")
 
-    def shutdown(self, cfg: ServeConfig) -> None:
-        self.uvicorn("Shutting down")
-        self.uvicorn("Waiting for application shutdown.")
-        self.uvicorn("Application shutdown complete.")
-        self.uvicorn(f"Finished server process [{self.pid}]")
-
     def access(self, client: str, method: str, path: str, status: int) -> None:
         emit(f'{_ts()} INFO:     {client} - "{method} {path} HTTP/1.1" {status} '
              f"{HTTPStatus(status).phrase}", sys.stdout)

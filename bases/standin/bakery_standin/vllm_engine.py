@@ -267,12 +267,6 @@ class VllmProfile(EngineProfile):
             f"OSError: [Errno {exc.errno}] {exc.strerror}",
         ])
 
-    def shutdown(self, cfg: ServeConfig) -> None:
-        self.uvicorn("Shutting down")
-        self.uvicorn("Waiting for application shutdown.")
-        self.uvicorn("Application shutdown complete.")
-        self.uvicorn(f"Finished server process [{self.pid}]")
-
     def access(self, client: str, method: str, path: str, status: int) -> None:
         from http import HTTPStatus
 
