@@ -179,8 +179,9 @@ def measure_sizes(ctx: dict, results: Results) -> None:
         without.get("/opt/bakery/python"))
     results.row("size_venv_nopy", "   of which the worker venv, du", "MB", fmt="{:.1f}").add(
         without.get("/opt/bakery/venv"))
-    results.row("size_tools", "   of which the bundled ss (/opt/bakery/tools), du", "MB", fmt="{:.1f}").add(
-        without.get("/opt/bakery/tools"))
+    if "/opt/bakery/tools" in without:  # only on a base without ss and netstat
+        results.row("size_tools", "   of which the bundled ss (/opt/bakery/tools), du", "MB", fmt="{:.1f}").add(
+            without["/opt/bakery/tools"])
     results.notes.append("sizes (MB): with Python " + json.dumps({k: round(v, 1) for k, v in with_py.items()})
                          + "; without Python " + json.dumps({k: round(v, 1) for k, v in without.items()}))
 
