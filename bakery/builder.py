@@ -7,6 +7,7 @@ so a failed build or a failed gate can never leave a half-tagged image behind.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from bakery.artifacts import cache_dir
 from bakery.docker_engine import client
-from bakery.errors import BuildError
+from bakery.errors import BuildError, InputError
 from bakery.render import Rendered, write_context
 from bakery.spec import REPO_ROOT
 from bakery.wheelhouse import wheelhouse
@@ -47,10 +48,30 @@ def git_revision() -> str:
     return rev + ("-dirty" if dirty else "")
 
 
+def source_date() -> str:
+    """The image's `created` label: SOURCE_DATE_EPOCH when set, else the commit's time, else now.
+
+    Tied to the source rather than the clock (the reproducible-builds convention), so rebuilding one
+    checkout reuses every layer and yields the same image; Docker's own Created field stays the
+    build's time.
+    """
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not epoch:
+        try:
+            epoch = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=REPO_ROOT, capture_output=True,
+                                   text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            epoch = ""
+    try:
+        when = dt.datetime.fromtimestamp(int(epoch), dt.UTC) if epoch else dt.datetime.now(dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        raise InputError(f"SOURCE_DATE_EPOCH={epoch!r} is not a Unix time in seconds: unset it or fix it") from None
+    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 def build_args() -> dict[str, str]:
     """Build-time facts that reach the labels (never secrets: build args show in image history)."""
-    created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    return {"BAKERY_REVISION": git_revision(), "BAKERY_CREATED": created}
+    return {"BAKERY_REVISION": git_revision(), "BAKERY_CREATED": source_date()}
 
 
 def context_dir(name: str) -> Path:

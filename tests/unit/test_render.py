@@ -34,13 +34,17 @@ def test_rendered_bake_matches_the_spec(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_worker_layers_come_after_the_engine_layers(engine: str) -> None:
+def test_the_image_stage_is_ordered_for_the_layer_cache(engine: str) -> None:
+    """Engine layers, then what never changes, then the venv, labels, worker code and bake, in that
+    order: a worker change re-runs the last 2 steps and a bake change only the last one."""
     final = instructions(render(load_engine(engine)).dockerfile)
     kinds = [ins for ins, _ in final]
-    copy_worker = next(i for i, (ins, args) in enumerate(final) if ins == "COPY" and "worker/" in args)
-    first_env = kinds.index("ENV")
-    assert kinds[0] == "FROM" and copy_worker < first_env  # bake changes never rebuild the worker
-    assert kinds[-1] == "ENTRYPOINT"
+    venv = next(i for i, (ins, args) in enumerate(final) if ins == "COPY" and args.startswith("--from=worker-build"))
+    assert kinds[0] == "FROM"
+    assert {"EXPOSE", "WORKDIR", "ENTRYPOINT"} <= set(kinds[:venv])
+    assert kinds[venv + 1:] == ["ARG", "ARG", "LABEL", "COPY", "ENV"]
+    assert final[-2][1].startswith("worker/") and "BACKEND=" in final[-1][1]
+    assert "BAKERY_ENGINE_CMD=" in final[-1][1]  # one ENV step for the whole bake
 
 
 @pytest.mark.parametrize("engine", ENGINES)
