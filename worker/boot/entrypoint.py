@@ -17,9 +17,11 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
+SOCKET = RUN_DIR / "supervisor.sock"  # supervisord's control socket (watch.py and wake() use it)
 WORKER_DIR = Path(__file__).resolve().parent.parent
 VENV_PYTHON = sys.executable
 TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -137,14 +139,14 @@ pidfile={RUN_DIR / "supervisord.pid"}
 ; watch.py asks supervisord (over this socket) for a dead program's exit status, which the
 ; PROCESS_STATE_EXITED event itself does not carry.
 [unix_http_server]
-file={RUN_DIR / "supervisor.sock"}
+file={SOCKET}
 chmod=0700
 
 [rpcinterface:supervisor]
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 
 [supervisorctl]
-serverurl=unix://{RUN_DIR / "supervisor.sock"}
+serverurl=unix://{SOCKET}
 {program}{worker if serverless else ""}
 [eventlistener:bakery-watch]
 command={_ini(VENV_PYTHON)} {_ini(str(Path(__file__).with_name("watch.py")))}
@@ -153,6 +155,28 @@ stdout_logfile=NONE
 stderr_logfile=/dev/stderr
 stderr_logfile_maxbytes=0
 """
+
+
+def wake(child: subprocess.Popen, sock: Path, timeout: float = 5.0) -> bool:
+    """Ask supervisord for its state as soon as its control socket answers; True once it has.
+
+    supervisord spawns its programs only after its main loop's first poll, which waits up to 1 s
+    for an event: this call is that event, so the engine and the worker start ~1 s sooner. It is
+    only a speed-up: if supervisord does not answer in time, it still starts them after that poll.
+    """
+    from supervisor import childutils  # the venv's; imported here, after supervisord is launched
+
+    deadline = time.monotonic() + timeout
+    while child.poll() is None and time.monotonic() < deadline:
+        # A new proxy per attempt: the transport keeps a failed connection and refuses to reuse it.
+        rpc = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": f"unix://{sock}"})
+        try:
+            return rpc.supervisor.getState().get("statename") == "RUNNING"
+        except OSError:  # the socket is not there or not listening yet
+            time.sleep(0.005)
+        except Exception:  # noqa: BLE001 - an odd answer must never stop the boot
+            return False
+    return False
 
 
 def main() -> int:
@@ -187,6 +211,7 @@ def main() -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    wake(child, SOCKET)
     code = child.wait()
     if status_file.exists():
         return int(status_file.read_text().strip() or 1)
