@@ -170,6 +170,10 @@ class Boots:
 
     def remove(self, container: Any) -> None:
         with contextlib.suppress(docker.errors.DockerException):
+            container.reload()
+            if container.status == "paused":  # a paused container cannot be killed
+                container.unpause()
+        with contextlib.suppress(docker.errors.DockerException):
             container.remove(force=True)
         if container in self._containers:
             self._containers.remove(container)
@@ -182,9 +186,9 @@ class Boots:
     # ----------------------------------------------------------------------------- one boot
 
     def boot(self, variant: str, *, wheels: Path | None = None, load_seconds: float = 4.0,
-             timeout: float = 180.0, entrypoint: str | None = None) -> BootRun:
-        """Boot one container (`ours`, `upstream`, or a proposal: `entrypoint` is then the text of an
-        entry point mounted over the image's) and time start -> listening -> load line -> ready."""
+             timeout: float = 180.0) -> BootRun:
+        """Boot one container (`ours`, or `upstream`: the worker installed at boot) and time
+        start -> listening -> load line -> ready."""
         run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=self.tmp))
         log_dir = run_dir / "log"
         log_dir.mkdir()
@@ -200,9 +204,6 @@ class Boots:
             volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
             volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
             env["WORKER_PYTHON"] = f"{IN_CONTAINER}/upstream-python"
-        if entrypoint is not None:
-            (run_dir / "entrypoint.py").write_text(entrypoint)
-            volumes[str(run_dir / "entrypoint.py")] = {"bind": "/opt/bakery/worker/boot/entrypoint.py", "mode": "ro"}
         container = self._create(variant, env, volumes, ports={"3000/tcp": ("127.0.0.1", None)})
         result = BootRun(variant)
         logs = None
@@ -265,15 +266,10 @@ class Boots:
 
     # ----------------------------------------------------------------------------- proxy overhead
 
-    def overhead_container(self, core: str | None = None) -> Any:
-        """A serverless container with an engine that answers at once, ready, with bench/ mounted
-        (and, for a proposal, `core` mounted over the image's workers/openai/core.py)."""
+    def overhead_container(self) -> Any:
+        """A serverless container with an engine that answers at once, ready, with bench/ mounted."""
         env = serverless_env(self.spec, STANDIN_LOAD_SECONDS="0", STANDIN_TOKEN_DELAY="0")  # noqa: S106
         volumes = {str(BENCH_DIR): {"bind": IN_CONTAINER, "mode": "ro"}}
-        if core is not None:
-            path = Path(tempfile.mkdtemp(prefix="core-", dir=self.tmp)) / "core.py"
-            path.write_text(core)
-            volumes[str(path)] = {"bind": "/opt/bakery/worker/workers/openai/core.py", "mode": "ro"}
         container = self._create("overhead", env, volumes)
         container.start()
         logs = LogFollower(container)

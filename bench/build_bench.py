@@ -6,7 +6,9 @@
   bundled-Python stage, the venv stage, the image) on present bases, from the same context.
 - Rebuilds, each right after a full build, with the layer cache: (a) a one-line change in the worker
   (a comment appended to workers/openai/core.py in a copy of the context; the repo is never edited),
-  (b) a one-value bake change (the spec's MODEL_INFO_LOG_MSGS changed, rendered again). For each,
+  (b) a one-value bake change (the spec's MODEL_INFO_LOG_MSGS changed, rendered again), both with the
+  full build's build args (one checkout); (c) the worker change as a new commit would build it (its
+  revision and created labels changed too: one more step). For each,
   the classic builder's output says per step whether it came from cache (`---> Using cache`): every
   step before the changed one must, and the changed one must not.
 - Render: `python build.py --all --render-only --out DIR` as a fresh process.
@@ -78,12 +80,13 @@ class Build:
                 "rebuilt": [f"{s.instruction[:40]} ({s.seconds:.1f} s)" for s in runnable if not s.cached]}
 
 
-def build(client: docker.DockerClient, context: Path, *, nocache: bool) -> Build:
+def build(client: docker.DockerClient, context: Path, *, nocache: bool,
+          buildargs: dict[str, str] | None = None) -> Build:
     """A classic `docker build` of `context` (untagged), timed, with per-step cache use."""
     steps: list[Step] = []
     image_id = ""
     started = mark = time.monotonic()
-    stream = client.api.build(path=str(context), buildargs=build_args(), rm=True, forcerm=True, pull=False,
+    stream = client.api.build(path=str(context), buildargs=buildargs or build_args(), rm=True, forcerm=True, pull=False,
                               nocache=nocache, decode=True)
     for chunk in stream:
         if "error" in chunk:
@@ -135,17 +138,10 @@ class Builds:
         self.tmp = Path(tempfile.mkdtemp(prefix="bakery-bench-build-"))
         self.kept: list[str] = []  # the image the boot tests and the gate use: removed by close()
 
-    def context(self, name: str, spec: EngineSpec | None = None,
-                transform: Callable[[str], str | None] | None = None) -> Path:
-        """A build context for `spec`; `transform` rewrites its Dockerfile (bench/proposals.py)."""
+    def context(self, name: str, spec: EngineSpec | None = None) -> Path:
+        """A build context for `spec` (default: the engine's own) under this bench's directory."""
         rendered = render(spec or self.spec, RenderOptions(base_image=self.base_ref))
-        context = write_context(rendered, self.tmp / name, wheelhouse())
-        if transform is not None:
-            changed = transform(rendered.dockerfile)
-            if changed is None:
-                raise RuntimeError(f"{transform.__name__} does not fit the rendered Dockerfile any more")
-            (context / "Dockerfile").write_text(changed)
-        return context
+        return write_context(rendered, self.tmp / name, wheelhouse())
 
     def image(self) -> str:
         """The engine image as build.py makes it (layer cache allowed): what the boot tests run."""
@@ -153,11 +149,13 @@ class Builds:
         self.kept += result.made()
         return result.image_id
 
-    def full_and_rebuilds(self, transform: Callable[[str], str | None] | None = None) -> dict[str, Any]:
-        """One full (no-cache) build, then the worker-change and the bake-change rebuilds; the images
-        they made are removed before returning (a no-cache build leaves a whole new layer chain)."""
-        original = self.context("original", transform=transform)
-        full = build(self.client, original, nocache=True)
+    def full_and_rebuilds(self) -> dict[str, Any]:
+        """One full (no-cache) build, then the worker-change and the bake-change rebuilds and the
+        worker change as a new commit; the images they made are removed before returning (a
+        no-cache build leaves a whole new layer chain)."""
+        args = build_args()
+        original = self.context("original")
+        full = build(self.client, original, nocache=True, buildargs=args)
         made = full.made()
         worker_ctx = self.tmp / "worker-change"
         if worker_ctx.exists():
@@ -165,15 +163,21 @@ class Builds:
         shutil.copytree(original, worker_ctx)
         with open(worker_ctx / WORKER_CHANGE_FILE, "a", encoding="utf-8") as handle:
             handle.write(f"# bakery bench: a one-line worker change ({time.time_ns()})\n")
-        worker = build(self.client, worker_ctx, nocache=False)
+        worker = build(self.client, worker_ctx, nocache=False, buildargs=args)
         made += worker.made()
-        bake = build(self.client, self.context("bake-change", bake_changed(self.spec), transform), nocache=False)
+        bake = build(self.client, self.context("bake-change", bake_changed(self.spec)), nocache=False, buildargs=args)
         made += bake.made()
+        with open(worker_ctx / WORKER_CHANGE_FILE, "a", encoding="utf-8") as handle:
+            handle.write("# bakery bench: committed\n")
+        commit_args = {"BAKERY_REVISION": f"{args['BAKERY_REVISION']}-bench", "BAKERY_CREATED": "2099-01-01T00:00:00Z"}
+        committed = build(self.client, worker_ctx, nocache=False, buildargs=commit_args)
+        made += committed.made()
         remove_images(self.client, made)
-        return {"full": full.seconds, "worker": worker.seconds, "bake": bake.seconds,
+        return {"full": full.seconds, "worker": worker.seconds, "bake": bake.seconds, "commit": committed.seconds,
                 "full_steps": full.summary("COPY worker/"),
                 "worker_steps": worker.summary("COPY worker/"),
-                "bake_steps": bake.summary("ENV BACKEND=")}
+                "bake_steps": bake.summary("ENV BACKEND="),
+                "commit_steps": committed.summary("LABEL ")}
 
     def close(self) -> None:
         remove_images(self.client, self.kept)
