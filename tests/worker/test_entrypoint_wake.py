@@ -21,7 +21,8 @@ spec = importlib.util.spec_from_file_location("entrypoint", sys.argv[1])
 ep = importlib.util.module_from_spec(spec); spec.loader.exec_module(ep)
 ep.RUN_DIR.mkdir(parents=True, exist_ok=True)
 config = ep.RUN_DIR / "supervisord.conf"
-config.write_text(ep.supervisor_config("engine", ["/bin/sleep", "30"], ep.RUN_DIR / "engine.log", False))
+config.write_text(ep.supervisor_config("engine", [sys.executable, "-c", "import time; time.sleep(60)"],
+                                       ep.RUN_DIR / "engine.log", False))
 sock = Path(sys.argv[2])
 child = subprocess.Popen([str(Path(sys.executable).with_name("supervisord")), "-c", str(config)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -31,7 +32,11 @@ try:
     info = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": f"unix://{ep.SOCKET}"}).supervisor.getProcessInfo("engine")
     print(json.dumps({"woke": woke, "state": info["statename"], "started": info["start"]}))
 finally:
-    child.terminate(); child.wait(20)
+    child.terminate()
+    try:
+        child.wait(40)
+    except subprocess.TimeoutExpired:
+        child.kill()
 """
 
 
