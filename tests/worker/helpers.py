@@ -253,13 +253,18 @@ def start_llama(llama_python: Path, model: Path, port: int, log: Path, procs: li
 
 
 def post_enveloped(port: int, route: str, payload: dict[str, Any], reqnum: int = 1,
-                   timeout: float = 120.0) -> tuple[int, bytes, str]:
-    """POST `payload` in the SDK's auth_data/payload envelope to the worker; (status, body, type)."""
+                   timeout: float = 120.0, auth: dict[str, Any] | None = None) -> tuple[int, bytes, str]:
+    """POST `payload` in the SDK's auth_data/payload envelope to the worker; (status, body, type).
+
+    `auth` overrides fields of auth_data; a None value removes the field.
+    """
     import urllib.error
     import urllib.request
 
-    auth = {"cost": "8", "endpoint": "test", "reqnum": reqnum, "request_idx": reqnum, "signature": "", "url": route}
-    data = json.dumps({"auth_data": auth, "payload": payload}).encode()
+    fields = {"cost": "8", "endpoint": "test", "reqnum": reqnum, "request_idx": reqnum, "signature": "", "url": route}
+    fields.update(auth or {})
+    sent = {key: value for key, value in fields.items() if value is not None}
+    data = json.dumps({"auth_data": sent, "payload": payload}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
     try:

@@ -1,8 +1,10 @@
-"""The SDK's four DEBUG lines per proxied request are dropped unless BAKERY_LOG_REQUESTS is true.
+"""The per-request lines of a served request are dropped unless BAKERY_LOG_REQUESTS is true.
 
 vastai 1.9.1 logs `Starting Request N`, `posting to endpoint: ...`, `Request N succeeded` and
-`Ending Request N` for every request; every other line of the SDK (readiness, benchmark, errors,
-status reports, sessions) must stay. Unit tests of the rule and the filter, then the real SDK.
+`Ending Request N` for every request, and aiohttp an access line; those go, except the access line of
+an answer that is not 2xx (the only trace of a refused request). Every other line of the SDK
+(readiness, benchmark, errors, status reports, sessions) must stay. Unit tests of the rules and the
+filters, then the real SDK.
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ def test_anything_else_warns_once_and_drops(raw: str) -> None:
 
 
 def test_the_startup_line_says_which() -> None:
-    assert core.describe(settings()).endswith(" request_lines=dropped")
-    assert core.describe(settings(**{VAR: "true"})).endswith(" request_lines=logged")
+    assert " request_lines=dropped " in core.describe(settings())
+    assert " request_lines=logged " in core.describe(settings(**{VAR: "true"}))
+    assert core.describe(settings()).endswith(" envelope_signature=cached")
+    assert core.describe(settings(), signature_cached=False).endswith(" envelope_signature=computed")
 
 
 # --------------------------------------------------------------------------- the filter
@@ -168,12 +172,38 @@ def test_quiet_requests_filters_the_sdk_module_loggers(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "fake_sdk.metrics", types.SimpleNamespace(log=logger))
     monkeypatch.setitem(sys.modules, "fake_sdk.renamed", types.SimpleNamespace(logger=logger))
     names = ("fake_sdk.metrics", "fake_sdk.renamed", "fake_sdk.absent")
-    assert core.quiet_requests(names) == ["fake_sdk.renamed", "fake_sdk.absent"]
-    assert core.quiet_requests(names) == ["fake_sdk.renamed", "fake_sdk.absent"]
+    access = f"fake_aiohttp.access.{time.time_ns()}"
+    assert core.quiet_requests(names, access) == ["fake_sdk.renamed", "fake_sdk.absent"]
+    assert core.quiet_requests(names, access) == ["fake_sdk.renamed", "fake_sdk.absent"]
     assert sum(isinstance(f, core.PerRequestLines) for f in logger.filters) == 1
+    assert [type(f) for f in logging.getLogger(access).filters] == [core.AccessLines]
     logger.debug("Ending Request 1")
     logger.debug("Running benchmark")
     assert recorder.messages == ["Running benchmark"]
+
+
+def test_the_access_logger_is_aiohttps() -> None:
+    assert core.ACCESS_LOGGER == "aiohttp.access"
+
+
+@pytest.mark.parametrize(("status", "kept"), [(200, False), (201, False), (204, False), (299, False),
+                                              (101, True), (304, True), (400, True), (401, True),
+                                              (422, True), (429, True), (500, True), (503, True)])
+def test_access_filter_drops_only_2xx(status: int, kept: bool, sdk_logger: tuple[logging.Logger, Recorder]) -> None:
+    """aiohttp passes the status as the record's `response_status` (its `extra`)."""
+    logger, recorder = sdk_logger
+    logger.addFilter(core.AccessLines())
+    logger.info(f'127.0.0.1 "POST /v1/completions HTTP/1.1" {status} 10', extra={"response_status": status})
+    assert bool(recorder.messages) is kept
+
+
+def test_access_filter_keeps_records_without_a_status(sdk_logger: tuple[logging.Logger, Recorder]) -> None:
+    """aiohttp's own "Error in logging" and anything else on the logger: not an access line, kept."""
+    logger, recorder = sdk_logger
+    logger.addFilter(core.AccessLines())
+    logger.error("Error in logging")
+    logger.info("200 looks like a status", extra={"response_status": "200"})
+    assert recorder.messages == ["Error in logging", "200 looks like a status"]
 
 
 def test_the_default_modules_are_the_sdks() -> None:
@@ -209,6 +239,9 @@ def test_real_sdk_lines(log_requests: str | None, tmp_path: Path, worker_python:
                                          {"model": "standin-model", "messages": [{"role": "user", "content": "hi"}],
                                           "max_tokens": 4}, reqnum=reqnum)
         assert status == 200, body
+    status, body, _ = post_enveloped(port, "/v1/completions", {"prompt": "hi"}, reqnum=504,
+                                     auth={"url": None})  # no auth_data.url: the SDK answers 422
+    assert status == 422, body
     # About a second later the SDK reports the finished requests (a DEBUG line) and a status with
     # the served workload: once both are in, the output of those requests is complete.
     worker.wait_for(r"Deleting requests: \[[^\]]*\b503\b", timeout=30, regex=True)
@@ -220,7 +253,9 @@ def test_real_sdk_lines(log_requests: str | None, tmp_path: Path, worker_python:
     # the benchmark posts to /v1/completions: the chat route's posting lines are these requests'
     assert out.count("posting to endpoint: '/v1/chat/completions'") == (3 if logged else 0)
     for kept in ("HTTP servers started, beginning log tracking", "Running benchmark", "Benchmark complete",
-                 SDK_READY, "Worker Status", '"POST /v1/chat/completions HTTP/1.1" 200'):
+                 SDK_READY, "Worker Status", '"POST /v1/completions HTTP/1.1" 422'):
         assert kept in out, kept
-    assert f"request_lines={'logged' if logged else 'dropped'}" in out
+    # aiohttp's access line of a 2xx answer goes with the four lines; the 422 above stays either way
+    assert out.count('"POST /v1/chat/completions HTTP/1.1" 200') == (3 if logged else 0)
+    assert f"request_lines={'logged' if logged else 'dropped'} envelope_signature=cached" in out
     assert "bakery-worker: warning" not in out

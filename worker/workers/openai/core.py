@@ -61,6 +61,10 @@ PER_REQUEST_LINE = re.compile(
 )
 # The SDK modules that log those lines, each through its module-level `log`.
 SDK_REQUEST_LOGGERS = ("vastai.serverless.server.lib.metrics", "vastai.serverless.server.lib.backend")
+# aiohttp's access logger: one INFO line per request; only the 2xx ones are dropped (see AccessLines).
+ACCESS_LOGGER = "aiohttp.access"
+# Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
+SDK_AUTH_DATA = ("vastai.serverless.server.lib.data_types", "AuthData")
 TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
 FALSE_WORDS = ("false", "0", "no")
 
@@ -596,8 +600,28 @@ class PerRequestLines(logging.Filter):
         return record.levelno != logging.DEBUG or PER_REQUEST_LINE.match(record.getMessage()) is None
 
 
-def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS) -> list[str]:
-    """Put PerRequestLines on the loggers of `module_names` (their module-level `log`).
+class AccessLines(logging.Filter):
+    """Drops aiohttp's access line of a request answered 2xx; every other status (the SDK answers a bad
+    envelope 422, a bad signature 401, a full queue 429, an engine failure 500, none of them with a
+    line of its own) and every other record passes.
+
+    aiohttp gives the status to the record as `response_status`; a record without it passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "response_status", None)
+        return not (isinstance(status, int) and 200 <= status < 300)
+
+
+def _add_filter_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in logger.filters):
+        logger.addFilter(kind())
+
+
+def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS,
+                   access_logger: str = ACCESS_LOGGER) -> list[str]:
+    """Put PerRequestLines on the loggers of `module_names` (their module-level `log`), and
+    AccessLines on the logger named `access_logger`.
 
     A filter on the logger itself drops a record before any handler sees it (a root handler's
     filter would still run the others). Returns the modules whose logger could not be found (a
@@ -607,21 +631,50 @@ def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS) -> list[
     for name in module_names:
         logger = getattr(sys.modules.get(name), "log", None)
         if isinstance(logger, logging.Logger):
-            if not any(isinstance(f, PerRequestLines) for f in logger.filters):
-                logger.addFilter(PerRequestLines())
+            _add_filter_once(logger, PerRequestLines)
         else:
             missing.append(name)
+    _add_filter_once(logging.getLogger(access_logger), AccessLines)
     return missing
 
 
-def describe(settings: Settings) -> str:
+class _OwnSignature:
+    """A class's `__signature__`, computed once, for that class only: a subclass reads None, so that
+    inspect.signature() computes the subclass's own signature as it would without this."""
+
+    def __init__(self, owner: type) -> None:
+        self.owner = owner
+        self.signature = inspect.signature(owner)
+
+    def __get__(self, instance: object, owner: type | None = None) -> inspect.Signature | None:
+        return self.signature if instance is None and owner is self.owner else None
+
+
+def cache_signature(module_name: str = SDK_AUTH_DATA[0], class_name: str = SDK_AUTH_DATA[1]) -> bool:
+    """Make inspect.signature() of the SDK's AuthData a lookup instead of a computation.
+
+    vastai 1.9.1's `AuthData.from_json_msg` calls `inspect.signature(cls)` 7 times per request, ~20 %
+    of the worker's CPU at c=16 (BENCHMARKS.md). `__signature__` is the documented way (PEP 362) for an
+    object to state its signature; the stated one is the one inspect computes, so nothing the SDK sees
+    changes. Returns False, touching nothing, when the class is not found (a changed SDK).
+    """
+    cls = getattr(sys.modules.get(module_name), class_name, None)
+    if not isinstance(cls, type):
+        return False
+    if not isinstance(cls.__dict__.get("__signature__"), _OwnSignature):
+        cls.__signature__ = _OwnSignature(cls)  # type: ignore[attr-defined]
+    return True
+
+
+def describe(settings: Settings, signature_cached: bool = True) -> str:
     """One line naming what the worker will watch and call (for the first minutes of an incident)."""
     return (
         f"bakery-worker: log={settings.model_log} server={settings.server_url} "
         f"health={settings.healthcheck_url} model={settings.model_id or '(none)'} "
         f"benchmark={settings.benchmark_runs}x{settings.benchmark_concurrency} "
         f"max_tokens={settings.benchmark_max_tokens} port={settings.worker_port} "
-        f"request_lines={'logged' if settings.log_requests else 'dropped'}"
+        f"request_lines={'logged' if settings.log_requests else 'dropped'} "
+        f"envelope_signature={'cached' if signature_cached else 'computed'}"
     )
 
 
@@ -643,8 +696,12 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not words:
         _fail(f"the benchmark word list {WORDS_FILE} is empty", EXIT_CONFIG)
     sdk = _import_sdk()
+    signature_cached = cache_signature()
+    if not signature_cached:
+        _warn(f"{'.'.join(SDK_AUTH_DATA)} not found (a changed SDK): its signature is not cached, "
+              "requests are served as the SDK serves them")
     config, note = build_worker_config(settings, sdk, words)
-    _say(describe(settings))
+    _say(describe(settings, signature_cached))
     _say(f"bakery-worker: {note}")
     try:
         lock_fd = claim_ports(settings)
