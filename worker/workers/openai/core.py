@@ -639,15 +639,17 @@ def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS,
 
 
 class _OwnSignature:
-    """A class's `__signature__`, computed once, for that class only: a subclass reads None, so that
-    inspect.signature() computes the subclass's own signature as it would without this."""
+    """A class's `__signature__`, computed once, for that class only: on a subclass or an instance the
+    attribute is absent, as it was, so inspect.signature() computes a subclass's own signature."""
 
     def __init__(self, owner: type) -> None:
         self.owner = owner
         self.signature = inspect.signature(owner)
 
-    def __get__(self, instance: object, owner: type | None = None) -> inspect.Signature | None:
-        return self.signature if instance is None and owner is self.owner else None
+    def __get__(self, instance: object, owner: type | None = None) -> inspect.Signature:
+        if instance is None and owner is self.owner:
+            return self.signature
+        raise AttributeError("__signature__")
 
 
 def cache_signature(module_name: str = SDK_AUTH_DATA[0], class_name: str = SDK_AUTH_DATA[1]) -> bool:
