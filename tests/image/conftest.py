@@ -21,6 +21,9 @@ from tests.image.launch import Launched, launch, serverless_env
 # How long a worker may take from container start to ready. The stand-ins and SmolLM2 are ready in
 # seconds; the bound only matters when something is broken (then every check reports, none hangs).
 READY_TIMEOUT = float(os.environ.get("BAKERY_GATE_READY_TIMEOUT", "120"))
+# The suite's test tag; set BAKERY_SUITE_TAG per checkout when two checkouts run the suite on one
+# engine at once, so neither replaces (and removes) the other's image.
+SUITE_TAG = os.environ.get("BAKERY_SUITE_TAG", "suite")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,7 +74,7 @@ def build_local_image(spec: EngineSpec) -> str:
         bases.ensure_base("debian")
         base = bases.ensure_base(spec.base.local)
         image_id = build_image(render(spec, RenderOptions(base_image=base)), lambda _m: None).image_id
-        _replace_suite_tag(f"bakery-test/{spec.name}:suite", image_id)
+        _replace_suite_tag(f"bakery-test/{spec.name}:{SUITE_TAG}", image_id)
         _BUILT[spec.name] = image_id
     return _BUILT[spec.name]
 
