@@ -1,4 +1,4 @@
-"""The SGLang stand-in: SGLang's command line, log grammar and /health behaviour (REFERENCE.md §3).
+"""The SGLang stand-in: SGLang's command line, log grammar and /health behaviour (docs/engines.md).
 
 SGLang loads the weights with its port closed, then starts uvicorn (`Uvicorn running on http://...`
 comes BEFORE warm-up ends), answers /health with 503 while it warms up by sending itself

@@ -1,4 +1,4 @@
-"""The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (REFERENCE.md §3).
+"""The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (docs/engines.md).
 
 vLLM binds its port before loading but listens only when ready: until then connections are refused.
 Its logger writes `(APIServer pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] message` to stdout; uvicorn's
