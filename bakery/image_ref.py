@@ -1,0 +1,99 @@
+"""Image references checked against the grammar Docker itself parses them with.
+
+Written from the grammar of github.com/distribution/reference (reference.go), which the Docker
+engine and BuildKit use for `FROM` and `docker pull`:
+
+    reference        := name [ ":" tag ] [ "@" digest ]
+    name             := [domain "/"] remote-name          (at most 255 characters)
+    domain           := host [":" port-number]
+    host             := domain-name | "[" IPv6address "]"
+    domain-name      := domain-component ["." domain-component]*
+    domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
+    remote-name      := path-component ["/" path-component]*
+    path-component   := alpha-numeric [separator alpha-numeric]*
+    alpha-numeric    := /[a-z0-9]+/
+    separator        := /[_.]|__|[-]*/
+    tag              := /[\\w][\\w.-]{0,127}/
+    digest           := algorithm ":" hex   (go-digest: sha256 = 64, sha384 = 96, sha512 = 128
+                                             lower-case hex digits)
+
+A reference that matches contains no blank, quote, `$`, `\\`, `#` or control character, so it is
+one word of any Dockerfile instruction as it stands: nothing in it can be expanded or split.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME_MAX = 255
+FORM = "[registry[:port]/]name[:tag][@sha256:<64 hex>], name in lower-case"
+# go-digest's registered algorithms and the exact length of each one's hex encoding.
+DIGEST_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
+
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+_DOMAIN = rf"{_HOST}(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+_REMOTE_NAME = rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+
+_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}/)?{_REMOTE_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII
+)
+
+
+class ReferenceRefused(ValueError):
+    """An image reference Docker would not parse; the message says what is wrong, not where."""
+
+
+def _why_not(ref: str) -> str:
+    """The most useful single reason a non-matching reference is refused."""
+    bad = next((c for c in ref if c.isspace() or not c.isprintable() or c in "\"'`$\\#;|&<>(){}*?!,="), None)
+    if bad is not None:
+        return f"contains {bad!r}, which no image reference can hold"
+    if not ref.isascii():
+        return "contains a non-ASCII character"
+    if ref.startswith((":", "@", "/")) or ref.split("@", 1)[0].rsplit(":", 1)[0].endswith("/"):
+        return "has no repository name"
+    if "@" in ref:
+        before, _, digest = ref.partition("@")
+        algorithm, _, hex_part = digest.partition(":")
+        if algorithm in DIGEST_LENGTHS and len(hex_part) != DIGEST_LENGTHS[algorithm]:
+            return (f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs exactly "
+                    f"{DIGEST_LENGTHS[algorithm]}")
+        if algorithm in DIGEST_LENGTHS and not re.fullmatch(r"[0-9a-f]+", hex_part):
+            return f"digest {algorithm}: must be lower-case hex digits"
+        if algorithm not in DIGEST_LENGTHS:
+            return f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}"
+        ref = before
+    if ref != ref.lower() and _REFERENCE.fullmatch(ref.lower()):
+        return "repository name must be lower-case"
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        tag = last.rsplit(":", 1)[1]
+        if not re.fullmatch(_TAG, tag, re.ASCII):
+            return f"tag {tag!r} is invalid (letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')"
+    return "does not follow the reference grammar (name components: a-z, 0-9, '.', '_', '-')"
+
+
+def check_reference(ref: str) -> str:
+    """Return `ref` when it is a valid image reference; raise ReferenceRefused saying why otherwise."""
+    if not isinstance(ref, str) or not ref:
+        raise ReferenceRefused(f"is empty (expected {FORM})")
+    match = _REFERENCE.fullmatch(ref)
+    if match is None:
+        raise ReferenceRefused(f"{_why_not(ref)} (expected {FORM})")
+    if len(match.group("name")) > NAME_MAX:
+        raise ReferenceRefused(f"repository name is longer than {NAME_MAX} characters")
+    digest = match.group("digest")
+    if digest:
+        algorithm, _, hex_part = digest.partition(":")
+        if algorithm not in DIGEST_LENGTHS:
+            raise ReferenceRefused(f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}")
+        if len(hex_part) != DIGEST_LENGTHS[algorithm]:
+            raise ReferenceRefused(f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs "
+                                   f"exactly {DIGEST_LENGTHS[algorithm]}")
+        if not re.fullmatch(r"[0-9a-f]+", hex_part):
+            raise ReferenceRefused(f"digest {algorithm}: must be lower-case hex digits")
+    return ref
