@@ -18,14 +18,15 @@ from bakery import __version__, dockerfile_values
 from bakery.dockerfile_values import Token
 from bakery.errors import InputError
 from bakery.spec import LIST_VARS, REPO_ROOT, EngineSpec
+from bakery.tracked import tracked_files
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
-WORKER_DIR = REPO_ROOT / "worker"
 
 # The stage that assembles a relocatable Python for bases without one; made here by bakery.bases.
 DEFAULT_RUNTIME_IMAGE = "bakery-local/debian:bookworm"
-# Files of the repo's worker/ that never belong in an image.
-_WORKER_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "tests", ".has_benchmark", "lock.py")
+# Tracked files of the repo's worker/ that never belong in an image (path components / whole paths).
+_WORKER_SKIP_PARTS = frozenset({"__pycache__", "tests", ".has_benchmark"})
+_WORKER_SKIP_PATHS = frozenset({"worker/lock.py"})
 
 
 @dataclass(frozen=True)
@@ -201,13 +202,28 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     return Rendered(spec=spec, dockerfile=dockerfile, base_image=base_image, baked_env=env, labels=labels)
 
 
+def context_files() -> list[str]:
+    """The repository files a build context holds (relative paths): tracked files of worker/ and
+    templates/context/, never untracked ones (bakery.tracked), minus what the image does not need."""
+    keep = []
+    for path in tracked_files(REPO_ROOT, "worker", "templates/context"):
+        parts = path.split("/")
+        if path in _WORKER_SKIP_PATHS or _WORKER_SKIP_PARTS.intersection(parts) or path.endswith(".pyc"):
+            continue
+        keep.append(path)
+    return keep
+
+
 def write_context(rendered: Rendered, directory: Path, wheelhouse: Path) -> Path:
-    """Lay out a complete build context in `directory`: Dockerfile, worker/, context/, wheels/."""
+    """Lay out a complete build context in `directory`: the generated Dockerfile and wheels/, plus the
+    tracked files of worker/ (as worker/) and of templates/context/ (as context/)."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     (directory / "Dockerfile").write_text(rendered.dockerfile, encoding="utf-8")
-    shutil.copytree(WORKER_DIR, directory / "worker", ignore=_WORKER_IGNORE)
-    shutil.copytree(TEMPLATES_DIR / "context", directory / "context")
+    for path in context_files():
+        target = directory / path.removeprefix("templates/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / path, target, follow_symlinks=False)
     shutil.copytree(wheelhouse, directory / "wheels")
     return directory
