@@ -63,7 +63,7 @@ def _why_not(ref: str) -> str:
             return (f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs exactly "
                     f"{DIGEST_LENGTHS[algorithm]}")
         if algorithm in DIGEST_LENGTHS and not re.fullmatch(r"[0-9a-f]+", hex_part):
-            return f"digest {algorithm}: must be lower-case hex digits"
+            return f"digest {algorithm}: must be lower-case hex digits (0-9, a-f)"
         if algorithm not in DIGEST_LENGTHS:
             return f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}"
         ref = before
@@ -95,5 +95,5 @@ def check_reference(ref: str) -> str:
             raise ReferenceRefused(f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs "
                                    f"exactly {DIGEST_LENGTHS[algorithm]}")
         if not re.fullmatch(r"[0-9a-f]+", hex_part):
-            raise ReferenceRefused(f"digest {algorithm}: must be lower-case hex digits")
+            raise ReferenceRefused(f"digest {algorithm}: must be lower-case hex digits (0-9, a-f)")
     return ref

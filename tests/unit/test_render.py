@@ -115,3 +115,24 @@ def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: l
     assert json.loads(rendered_env["MODEL_ERROR_LOG_MSGS"]) == errors
     for name, value in extra.items():
         assert rendered_env[name] == value
+
+
+def test_a_template_cannot_print_a_value_that_skipped_the_one_path(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """render()'s Jinja environment refuses any {{ expression }} not made by bakery.dockerfile_values,
+    so an engine template that printed a raw spec value fails instead of baking it unquoted."""
+    (tmp_path / "raw.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
+                                                "RUN echo {{ bake_env[0][0] ~ '-raw' }}{% endblock %}")
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
+    guarded = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,  # noqa: S701
+                                 finalize=render_mod._finalize)
+    monkeypatch.setattr(render_mod, "_environment", lambda: guarded)
+    data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
+    data["template"] = "raw.Dockerfile.j2"
+    unsafe = r"templates/raw\.Dockerfile\.j2: .*did not pass through bakery\.dockerfile_values"
+    with pytest.raises(InputError, match=unsafe):
+        render(parse_spec(data, "images/vllm.yaml"))
+
+
+def test_the_real_environment_guards_every_expression() -> None:
+    assert render_mod._environment().finalize is render_mod._finalize
