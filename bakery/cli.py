@@ -119,16 +119,21 @@ def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions
     if args.base_image is not None:
         return RenderOptions(base_image=args.base_image, base_image_source="--base-image")
     if args.local:
-        from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
-
-        where = f"images/{spec.name}.yaml: base.local"
-        if not spec.base.local:
-            raise InputError(f"{where} is not set, so --local has no base to use")
-        if spec.base.local not in BASES:
-            raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
-        return RenderOptions(base_image=BASES[spec.base.local].ref,
-                             base_image_source=f"{where} ({spec.base.local!r})")
+        ref, source = local_base(spec)
+        return RenderOptions(base_image=ref, base_image_source=source)
     return RenderOptions()
+
+
+def local_base(spec: EngineSpec) -> tuple[str, str]:
+    """The image ref of the spec's local base, and where it comes from; InputError when it has none."""
+    from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
+
+    where = f"images/{spec.name}.yaml: base.local"
+    if not spec.base.local:
+        raise InputError(f"{where} is not set, so --local has no base to use")
+    if spec.base.local not in BASES:
+        raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
+    return BASES[spec.base.local].ref, f"{where} ({spec.base.local!r})"
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -152,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             return cmd_list()
         specs = _engines(args)
+        if args.local and not args.base_image:
+            for spec in specs:
+                local_base(spec)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
             from bakery.show import show
 

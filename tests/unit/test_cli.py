@@ -190,3 +190,10 @@ def test_an_unknown_local_base_is_one_line(broken_images: Path) -> None:
     path.write_text(path.read_text().replace("  local: llama-cpp", "  local: no-such-base"))
     proc = run_with_images(broken_images, "--engine", "llama", "--render-only", "--local")
     assert_one_line_error(proc, "llama.yaml: base.local: unknown local base 'no-such-base'", "vllm-standin")
+
+
+def test_an_unknown_local_base_is_one_line_for_the_bake_file_too(broken_images: Path, tmp_path: Path) -> None:
+    path = broken_images / "llama.yaml"
+    path.write_text(path.read_text().replace("  local: llama-cpp", "  local: no-such-base"))
+    proc = run_with_images(broken_images, "--engine", "llama", "--local", "--bake-file", str(tmp_path / "b.json"))
+    assert_one_line_error(proc, "llama.yaml: base.local: unknown local base 'no-such-base'")
