@@ -48,7 +48,7 @@ def check_representable(value: str) -> None:
     """Raise ValueRefused if `value` cannot reach a container's environment byte for byte."""
     for char, name in _UNREPRESENTABLE.items():
         if char in value:
-            raise ValueRefused(f"contains {name}, which a Dockerfile ENV cannot hold")
+            raise ValueRefused(f"contains {name}, which no Dockerfile line can hold: make it one line")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
