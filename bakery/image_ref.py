@@ -47,8 +47,21 @@ class ReferenceRefused(ValueError):
     """An image reference Docker would not parse; the message says what is wrong, not where."""
 
 
+def _digest_problem(digest: str) -> str | None:
+    """Why `algorithm:hex` is not a digest Docker accepts (go-digest's rules), or None."""
+    algorithm, _, hex_part = digest.partition(":")
+    if algorithm not in DIGEST_LENGTHS:
+        return f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}"
+    want = DIGEST_LENGTHS[algorithm]
+    if len(hex_part) != want:
+        return f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs exactly {want}"
+    if not re.fullmatch(r"[0-9a-f]+", hex_part):
+        return f"digest {algorithm}: must be lower-case hex digits (0-9, a-f)"
+    return None
+
+
 def _why_not(ref: str) -> str:
-    """The most useful single reason a non-matching reference is refused."""
+    """The most useful single reason a reference that does not match the grammar is refused."""
     bad = next((c for c in ref if c.isspace() or not c.isprintable() or c in "\"'`$\\#;|&<>(){}*?!,="), None)
     if bad is not None:
         return f"contains {bad!r}, which no image reference can hold"
@@ -57,16 +70,9 @@ def _why_not(ref: str) -> str:
     if ref.startswith((":", "@", "/")) or ref.split("@", 1)[0].rsplit(":", 1)[0].endswith("/"):
         return "has no repository name"
     if "@" in ref:
-        before, _, digest = ref.partition("@")
-        algorithm, _, hex_part = digest.partition(":")
-        if algorithm in DIGEST_LENGTHS and len(hex_part) != DIGEST_LENGTHS[algorithm]:
-            return (f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs exactly "
-                    f"{DIGEST_LENGTHS[algorithm]}")
-        if algorithm in DIGEST_LENGTHS and not re.fullmatch(r"[0-9a-f]+", hex_part):
-            return f"digest {algorithm}: must be lower-case hex digits (0-9, a-f)"
-        if algorithm not in DIGEST_LENGTHS:
-            return f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}"
-        ref = before
+        ref, _, digest = ref.partition("@")
+        if problem := _digest_problem(digest):
+            return problem
     if ref != ref.lower() and _REFERENCE.fullmatch(ref.lower()):
         return "repository name must be lower-case"
     last = ref.rsplit("/", 1)[-1]
@@ -79,21 +85,15 @@ def _why_not(ref: str) -> str:
 
 def check_reference(ref: str) -> str:
     """Return `ref` when it is a valid image reference; raise ReferenceRefused saying why otherwise."""
-    if not isinstance(ref, str) or not ref:
+    if not isinstance(ref, str):
+        raise ReferenceRefused(f"must be text, not {type(ref).__name__}")
+    if not ref:
         raise ReferenceRefused(f"is empty (expected {FORM})")
     match = _REFERENCE.fullmatch(ref)
     if match is None:
         raise ReferenceRefused(f"{_why_not(ref)} (expected {FORM})")
     if len(match.group("name")) > NAME_MAX:
         raise ReferenceRefused(f"repository name is longer than {NAME_MAX} characters")
-    digest = match.group("digest")
-    if digest:
-        algorithm, _, hex_part = digest.partition(":")
-        if algorithm not in DIGEST_LENGTHS:
-            raise ReferenceRefused(f"digest algorithm {algorithm!r} is not one of {', '.join(DIGEST_LENGTHS)}")
-        if len(hex_part) != DIGEST_LENGTHS[algorithm]:
-            raise ReferenceRefused(f"digest {algorithm}: has {len(hex_part)} hex digits; {algorithm} needs "
-                                   f"exactly {DIGEST_LENGTHS[algorithm]}")
-        if not re.fullmatch(r"[0-9a-f]+", hex_part):
-            raise ReferenceRefused(f"digest {algorithm}: must be lower-case hex digits (0-9, a-f)")
+    if match.group("digest") and (problem := _digest_problem(match.group("digest"))):
+        raise ReferenceRefused(problem)
     return ref
