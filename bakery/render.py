@@ -161,7 +161,7 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     else:
         base_image, base_source = options.base_image, options.base_image_source
     values = dockerfile_values
-    env = baked_env(spec)
+    env = _through(f"{spec_path}: bake.env", baked_env, spec)
     labels = static_labels(spec, base_image)
     quoted_env = [(_through(_env_source(spec_path, name), values.word, name, values.ENV_NAME, "variable name"),
                    _through(_env_source(spec_path, name), values.quote, value)) for name, value in env.items()]
