@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from bakery.bases import BASES
 from bakery.image_ref import ReferenceRefused, check_reference
+from bakery.render import DEFAULT_RUNTIME_IMAGE
+from bakery.spec import available_engines, load_engine
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
@@ -56,3 +59,10 @@ def test_invalid_references_say_why(ref: str, why: str) -> None:
         check_reference(ref)
     assert why in str(info.value), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_every_reference_bakery_itself_uses_is_valid() -> None:
+    # The local bases (--local), the runtime stage and every spec's production base reach FROM too.
+    refs = [base.ref for base in BASES.values()] + [DEFAULT_RUNTIME_IMAGE]
+    refs += [load_engine(name).base.image for name in available_engines()]
+    assert [check_reference(ref) for ref in refs] == refs

@@ -32,6 +32,8 @@ NAMES: dict[str, str | None] = {
     "COOKIE": "authentication", "BEARER": "authentication", "TLS_PRIVATE": "private-key",
     "REDIS_URL": "connection-string", "MONGODB_URI": "connection-string", "PG_CONN_STR": "connection-string",
     "POSTGRES_DSN": "connection-string", "DISCORD_WEBHOOK": "webhook", "TEAMS_WEBHOOK_URL": "webhook",
+    "NPM_AUTH_TOKEN": "token", "AWS_SESSION_TOKEN": "token", "WANDB_API_KEY": "key", "PGPASSWORD": "password",
+    "DOCKER_AUTH_CONFIG": "authentication", "HUGGING_FACE_HUB_TOKEN": "token",
     # ordinary configuration (false positives until issue 12)
     "SESSION_TIMEOUT": None, "AUTH_ENABLED": None, "AUTH_MODE": None, "AUTH_URL": None, "SESSION_NAME": None,
     "BENCHMARK_MAX_TOKENS": None, "MAX_NEW_TOKENS": None, "TOKEN_LIMIT": None, "TOKENIZER_PATH": None,
