@@ -9,8 +9,10 @@ from pathlib import Path
 
 from bakery import __version__
 from bakery.errors import BakeryError, InputError
+from bakery.image_ref import ReferenceRefused, check_reference
 from bakery.render import RenderOptions, render
 from bakery.spec import EngineSpec, available_engines, load_engine
+from bakery.tags import check_repository
 
 EPILOG = """\
 examples:
@@ -114,26 +116,50 @@ def cmd_render(specs: list[EngineSpec], args: argparse.Namespace) -> int:
 
 
 def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions:
-    if args.base_image:
-        return RenderOptions(base_image=args.base_image)
+    if args.base_image is not None:
+        return RenderOptions(base_image=args.base_image, base_image_source="--base-image")
     if args.local:
-        from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
-
-        if not spec.base.local:
-            raise InputError(f"images/{spec.name}.yaml: base.local is not set, so --local has no base to use")
-        return RenderOptions(base_image=BASES[spec.base.local].ref)
+        ref, source = local_base(spec)
+        return RenderOptions(base_image=ref, base_image_source=source)
     return RenderOptions()
+
+
+def local_base(spec: EngineSpec) -> tuple[str, str]:
+    """The image ref of the spec's local base, and where it comes from; InputError when it has none."""
+    from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
+
+    where = f"images/{spec.name}.yaml: base.local"
+    if not spec.base.local:
+        raise InputError(f"{where} is not set, so --local has no base to use")
+    if spec.base.local not in BASES:
+        raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
+    return BASES[spec.base.local].ref, f"{where} ({spec.base.local!r})"
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse option values that could never be used as given, before anything else runs."""
+    if args.out and not args.render_only:
+        raise InputError("--out goes with --render-only")
+    if args.base_image is not None:
+        try:
+            check_reference(args.base_image)
+        except ReferenceRefused as exc:
+            raise InputError(f"--base-image {args.base_image!r}: not a valid image reference: {exc}") from None
+    if args.repository != "bakery":
+        check_repository(args.repository)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run build.py; returns the process exit code."""
     args = make_parser().parse_args(argv)
     try:
-        if args.out and not args.render_only:
-            raise InputError("--out goes with --render-only")
+        check_arguments(args)
         if args.list:
             return cmd_list()
         specs = _engines(args)
+        if args.local and not args.base_image:
+            for spec in specs:
+                local_base(spec)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
             from bakery.show import show
 

@@ -30,7 +30,8 @@ from pydantic import (
 
 from bakery import dockerfile_values
 from bakery.errors import InputError
-from bakery.secrets import secret_reason
+from bakery.image_ref import ReferenceRefused, check_reference
+from bakery.secrets import secret_reason, secret_value_reason
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = REPO_ROOT / "images"
@@ -45,6 +46,8 @@ KNOWN_MODEL_VARS = frozenset({*REQUIRED_BAKE, "MODEL_NAME", "MODEL_SERVER_URL"})
 LAUNCH_ONLY = ("SERVERLESS",)
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A template under templates/: path components that cannot climb out or hold blanks.
+TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*\.j2"
 VAR_TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
@@ -63,9 +66,17 @@ class BaseImage(_Strict):
 
     @field_validator("image")
     @classmethod
-    def _pinned(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise ValueError("must be an image reference without blanks")
+    def _reference(cls, value: str) -> str:
+        try:
+            return check_reference(value)
+        except ReferenceRefused as exc:
+            raise ValueError(f"{value!r}: not a valid image reference: {exc}") from None
+
+    @field_validator("local")
+    @classmethod
+    def _local_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z][a-z0-9-]*", value):
+            raise ValueError("must name a local base of bakery.bases (lower-case letters, digits, '-')")
         return value
 
     @field_validator("platforms")
@@ -92,9 +103,13 @@ class EngineLaunch(_Strict):
         tokens = {m.group(1) for arg in self.command if (m := VAR_TOKEN.match(arg))}
         if self.model_var not in tokens:
             raise ValueError(f"command must contain the token '${{{self.model_var}}}' for the model")
-        for arg in self.command:
+        for index, arg in enumerate(self.command):
             if "$" in arg and not VAR_TOKEN.match(arg):
                 raise ValueError(f"command argument {arg!r}: only whole-argument ${{NAME}} tokens expand")
+            if "\x00" in arg:
+                raise ValueError(f"command[{index}]: contains a NUL byte, which no program argument can hold")
+            if why := secret_value_reason(arg):
+                raise ValueError(f"command[{index}]: {why}; {_SECRETS_HINT}")
         return self
 
 
@@ -147,6 +162,32 @@ class EngineSpec(_Strict):
             raise ValueError("must be lower-case letters, digits and '-'")
         return value
 
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        return _bakeable(value)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", value):
+            raise ValueError(f"{value!r} is not a version: letters, digits, '.', '_', '+', '-' (it goes into tags)")
+        return _bakeable(value)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s\"'\\]+", value):
+            raise ValueError("must be the project's http(s) URL, without blanks or quotes")
+        return _bakeable(value)
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(TEMPLATE_NAME, value):
+            raise ValueError(f"{value!r} must be a file name under templates/ ending in .j2 (no '..', no blanks)")
+        return value
+
     @model_validator(mode="after")
     def _backend_matches(self) -> EngineSpec:
         backend = self.bake.env["BACKEND"]
@@ -160,14 +201,26 @@ class EngineSpec(_Strict):
         return self.template or f"{self.name}.Dockerfile.j2"
 
 
+_SECRETS_HINT = "secrets are never baked: set it in the launch template at run time"
+
+
+def _bakeable(value: str) -> str:
+    """A scalar that reaches the image (label or ENV): exact in a Dockerfile and not a credential."""
+    try:
+        dockerfile_values.check_representable(value)
+        dockerfile_values.check_no_secret(value)
+    except dockerfile_values.ValueRefused as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 def _check_env_item(name: str, value: Any) -> None:
     where = f"{name}: "
     if not ENV_NAME.match(name):
         raise ValueError(f"{where}not a valid environment variable name")
     if why := secret_reason(name):
         raise ValueError(
-            f"{where}looks like a credential ({why}); secrets are never baked: set it in the launch "
-            "template at run time"
+            f"{where}looks like a credential by its name ({why}); {_SECRETS_HINT}"
         )
     if name in LAUNCH_ONLY:
         raise ValueError(f"{where}is set by the launch template, not baked")
@@ -182,10 +235,13 @@ def _check_env_item(name: str, value: Any) -> None:
             if not isinstance(value, list):
                 raise ValueError("must be a list of log lines")
             dockerfile_values.check_log_lines(value)
+            for index, line in enumerate(value):
+                if why := secret_value_reason(line):
+                    raise ValueError(f"item {index}: {why}; {_SECRETS_HINT}")
         else:
             if not isinstance(value, str):
                 raise ValueError("must be a string (only the log-line variables are lists)")
-            dockerfile_values.check_representable(value)
+            _bakeable(value)
     except ValueError as exc:
         raise ValueError(f"{where}{exc}") from None
     if name == "MODEL_LOG" and not (value.startswith("/") and value == value.strip()):

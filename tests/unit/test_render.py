@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from bakery import render as render_mod
 from bakery.errors import InputError
 from bakery.render import RenderOptions, baked_env, render
+from bakery.secrets import secret_reason, secret_value_reason
 from bakery.spec import IMAGES_DIR, available_engines, load_engine, load_spec_file, parse_spec
 from tests.unit.dockerfile_model import env_of, instructions
 
@@ -96,12 +97,16 @@ def test_a_fourth_engine_is_one_yaml_file(tmp_path: Path) -> None:
 
 # ---- property: any representable bake value comes back exact from the rendered ENV ------------
 
-value_text = st.text(st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)), max_size=40)
+# Representable text that is not a credential (by shape or, for names, by the catalogue): those are
+# refused on purpose, see tests/unit/test_secrets.py.
+value_text = st.text(st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)),
+                     max_size=40).filter(lambda s: secret_value_reason(s) is None)
+extra_name = st.from_regex(r"X_[A-Z0-9_]{1,8}", fullmatch=True).filter(lambda n: secret_reason(n) is None)
 line_text = value_text.filter(lambda s: s and s.strip() == s)
 
 
 @settings(max_examples=300, deadline=None)
-@given(extra=st.dictionaries(st.from_regex(r"X_[A-Z0-9_]{1,8}", fullmatch=True), value_text, max_size=4),
+@given(extra=st.dictionaries(extra_name, value_text, max_size=4),
        errors=st.lists(line_text, min_size=1, max_size=4), health=value_text.map(lambda s: "/" + s.replace(" ", "")))
 def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: list, health: str) -> None:
     data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
@@ -115,3 +120,24 @@ def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: l
     assert json.loads(rendered_env["MODEL_ERROR_LOG_MSGS"]) == errors
     for name, value in extra.items():
         assert rendered_env[name] == value
+
+
+def test_a_template_cannot_print_a_value_that_skipped_the_one_path(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """render()'s Jinja environment refuses any {{ expression }} not made by bakery.dockerfile_values,
+    so an engine template that printed a raw spec value fails instead of baking it unquoted."""
+    (tmp_path / "raw.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
+                                                "RUN echo {{ bake_env[0][0] ~ '-raw' }}{% endblock %}")
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
+    guarded = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,  # noqa: S701
+                                 finalize=render_mod._finalize)
+    monkeypatch.setattr(render_mod, "_environment", lambda: guarded)
+    data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
+    data["template"] = "raw.Dockerfile.j2"
+    unsafe = r"templates/raw\.Dockerfile\.j2: .*did not pass through bakery\.dockerfile_values"
+    with pytest.raises(InputError, match=unsafe):
+        render(parse_spec(data, "images/vllm.yaml"))
+
+
+def test_the_real_environment_guards_every_expression() -> None:
+    assert render_mod._environment().finalize is render_mod._finalize
