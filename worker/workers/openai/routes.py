@@ -186,9 +186,9 @@ def startup_lines(settings: RouteSettings) -> list[str]:
 
 
 def words_text(words: list[str], chars: int, rng: random.Random) -> str:
-    """Random words from `words`, about `chars` characters long (at least one word)."""
+    """Random words from `words`, exactly `chars` characters long (the last word cut)."""
     out: list[str] = []
-    size = 0
+    size = -1  # the joined length: each word adds itself and a space, the first no space
     while size < chars or not out:
         word = rng.choice(words)
         out.append(word)
@@ -332,6 +332,7 @@ class HandlerSpec:
     upload: bool
     limits: UploadLimits
     references: References
+    model_id: str | None = None
 
 
 def request_parser(route: str, limits: UploadLimits) -> Callable[[Any], dict[str, Any]]:
@@ -373,7 +374,8 @@ def handler_specs(settings: RouteSettings, *, words: list[str], model_id: str | 
             route=path,
             request_parser=None if upload else request_parser(path, settings.limits),
             workload=None if upload else workload.calculator(path, refs),
-            benchmark=bench, upload=upload, limits=settings.limits, references=refs))
+            benchmark=bench, upload=upload, limits=settings.limits, references=refs,
+            model_id=model_id))
     return specs
 
 
@@ -402,7 +404,7 @@ def sdk_handlers(specs: list[HandlerSpec], sdk: Any, max_queue_time: float,
         if spec.upload:
             extra = {"payload_class": uploads.payload_class(
                 spec.route, spec.limits, spec.references,
-                spec.benchmark.generator if spec.benchmark else None, types)}
+                spec.benchmark.generator if spec.benchmark else None, types, spec.model_id)}
         else:
             parse = spec.request_parser or request_parser(spec.route, spec.limits)
             extra = {"request_parser": _raising_json_error(parse, types.JsonDataException),

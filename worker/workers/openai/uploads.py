@@ -222,8 +222,10 @@ def _video_references(fields: dict[str, Any], limits: UploadLimits) -> list[Any]
             raise UploadError(name, f"must be an object or a list of at most {limits.files} objects "
                                     f"with {key!r}")
         for ref in refs:
-            check_reference(ref.get(key), f"{name}.{key}", limits)
-            urls.append(ref.get(key))
+            if ref.get(key) is None:  # e.g. {"file_id": ...}: nothing the engine fetches by URL
+                continue
+            check_reference(ref[key], f"{name}.{key}", limits)
+            urls.append(ref[key])
         if isinstance(value, list):
             fields[name] = json.dumps(value)  # one form field; the SDK would repeat a list
     return urls
@@ -290,6 +292,9 @@ def check_speech(route: str, body: Any, limits: UploadLimits) -> dict[str, Any]:
     refs: list[tuple[str, Any]] = []
     for holder in holders:
         _drop_empty(holder, "ref_audio", "ref_audio_2")
+        if len(holders) > 1 and "ref_audio" in holder and not isinstance(holder["ref_audio"], str):
+            raise UploadError("ref_audio", "takes one reference string in a speech batch (per item "
+                                           "or for the whole batch)")
         refs += [("ref_audio", r) for r in _listed(holder.get("ref_audio")) if r is not None]
         refs += [("ref_audio_2", holder["ref_audio_2"])] if "ref_audio_2" in holder else []
         listed = holder.get("references")
@@ -317,13 +322,14 @@ def upload_multiple(route: str, fields: Mapping[str, Any], files: Mapping[str, A
 
 def payload_class(route: str, limits: UploadLimits, refs: workload.References,
                   benchmark: Callable[[], dict[str, Any]] | None = None,
-                  data_types: Any = None) -> type:
+                  data_types: Any = None, model_id: str | None = None) -> type:
     """The SDK ApiPayload class of a multipart route (HandlerConfig.payload_class).
 
     `benchmark` builds a client-shaped JSON body (uploads base64'd): the SDK calls for_test() for
     each benchmark request of the benchmarked route, so the benchmark goes through the same decoding
     and checks as a client's request. `data_types` is vastai.serverless.server.lib.data_types
-    (imported here when not given).
+    (imported here when not given). `model_id` fills an absent `model` form field (as upstream
+    does: some engine releases require it on uploads).
     """
     types = data_types or importlib.import_module("vastai.serverless.server.lib.data_types")
     api_payload, json_error = types.ApiPayload, types.JsonDataException
@@ -338,9 +344,12 @@ def payload_class(route: str, limits: UploadLimits, refs: workload.References,
         @classmethod
         def from_json_msg(cls, json_msg: dict[str, Any]) -> UploadPayload:
             try:
-                return cls(*split_upload(route, json_msg, limits))
+                fields, files = split_upload(route, json_msg, limits)
             except UploadError as exc:
                 raise json_error({exc.field: exc.message}) from None
+            if model_id and not fields.get("model"):
+                fields["model"] = model_id
+            return cls(fields, files)
 
         @classmethod
         def for_test(cls) -> UploadPayload:
