@@ -237,3 +237,29 @@ def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
     assert ("bakery-worker: error: BENCHMARK_ROUTE=/v1/completions is not served: OPENAI_ROUTES leaves it out. "
             "Add /v1/completions to OPENAI_ROUTES") in worker.text
     assert "Traceback" not in worker.text
+
+
+@pytest.mark.slow
+def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them(
+        tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc],
+        llama_python: Path, smollm2: Path) -> None:
+    """The real llama.cpp (`--embedding --pooling mean`), benchmarked on /v1/embeddings."""
+    engine_port, port = free_port(), free_port_pair()
+    log = tmp_path / "llama.log"
+    procs.append(Proc([str(llama_python), str(HERE / "llama_engine.py"), "--model", str(smollm2), "--port",
+                       str(engine_port), "--embedding"], log))
+    env = worker_env_for("llama", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
+                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", LLAMA_MODEL="smollm2",
+                         OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions", BENCHMARK_ROUTE="/v1/embeddings")
+    worker = start_routes_worker(tmp_path, "llama", env, procs)
+    worker.wait_for(SDK_READY, timeout=180)
+    status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": ["hello world", "goodbye"]})
+    assert status == 200, body[:300]
+    data = json.loads(body)["data"]
+    assert [d["index"] for d in data] == [0, 1]
+    assert len(data[0]["embedding"]) == 576 and data[0]["embedding"] != data[1]["embedding"]  # SmolLM2's width
+    status, body, _ = post_enveloped(port, "/v1/chat/completions",
+                                     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
+    status_report = report_server.wait_status(lambda s: s.get("max_perf", 0) > 0, timeout=30)
+    assert status_report["error_msg"] == ""
