@@ -263,3 +263,42 @@ def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them(
     assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
     status_report = report_server.wait_status(lambda s: s.get("max_perf", 0) > 0, timeout=30)
     assert status_report["error_msg"] == ""
+
+
+@pytest.mark.slow
+def test_the_demo_client_calls_every_route(vllm_worker: tuple[int, Path, Proc], tmp_path: Path) -> None:
+    """client.py (host python, stdlib): streaming chat, interactive chat, tools, one call per route."""
+    import subprocess
+    import sys
+
+    port, record, _ = vllm_worker
+    client = WORKER_DIR / "workers" / "openai" / "client.py"
+    clip, picture, out = tmp_path / "clip.wav", tmp_path / "photo.png", tmp_path / "media"
+    clip.write_bytes(wav_clip(1.0))
+    picture.write_bytes(PNG)
+
+    def run(*args: str, stdin: str = "") -> str:
+        result = subprocess.run([sys.executable, str(client), f"http://127.0.0.1:{port}", "--out", str(out), *args],
+                                input=stdin, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, (args, result.stderr)
+        return result.stdout
+
+    assert run("--chat-stream").startswith("Stand-in answer:")
+    session = run("--interactive", stdin="hello\nclear\nagain\nquit\n")
+    assert session.count("model> Stand-in answer:") == 2 and "(history cleared)" in session
+    assert run("--tools").startswith("(no tool call) Stand-in answer:")  # the stand-in calls no tools
+    assert run("--chat").startswith("Stand-in answer:") and run("--completion").startswith("Stand-in answer:")
+    assert run("--chat-batch").count("Stand-in answer:") == 2
+    assert run("--embeddings").strip() == "2 embeddings of 16 dimensions"
+    assert len(run("--rerank").split(";")) == 3 and len(run("--score").split(",")) == 2
+    assert run("--speech", "--voice", "v").startswith("audio/wav: saved")
+    assert run("--speech-batch").startswith("2 of 2 items")
+    assert run("--audio-generate", "--seconds", "1").startswith("audio/wav: saved")
+    assert run("--transcribe", str(clip)).startswith("Stand-in transcript:")
+    assert run("--translate", str(clip)).startswith("Stand-in transcript:")
+    assert run("--image").startswith("saved") and run("--edit", str(picture)).startswith("saved")
+    assert run("--video", "--image-file", str(picture)).startswith("video/mp4: saved")
+    assert sorted(p.name for p in out.iterdir()) == ["edited.png", "generated.wav", "image.png", "speech-0.wav",
+                                                     "speech-1.wav", "speech.wav", "video.mp4"]
+    edits = [r for r in records(record) if r["path"] == "/v1/images/edits"]
+    assert edits[-1]["files"][0]["filename"] == "photo.png"
