@@ -277,7 +277,7 @@ def benchmark_generator(route: str, inputs: BenchmarkInputs,
         "/v1/rerank": lambda: {"query": text(workload.RERANK_QUERY_CHARS),
                                "documents": [text(workload.RERANK_DOC_CHARS)
                                              for _ in range(workload.RERANK_DOCS)]},
-        # text_1/text_2: the score shape every vLLM release since 0.6 accepts.
+        # text_1/text_2: the score shape every vLLM release with /v1/score accepts (queries/items only newer ones).
         "/v1/score": lambda: {"text_1": text(workload.RERANK_QUERY_CHARS),
                               "text_2": [text(workload.RERANK_DOC_CHARS)
                                          for _ in range(workload.RERANK_DOCS)]},
