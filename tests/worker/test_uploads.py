@@ -116,7 +116,6 @@ def test_a_list_of_video_references_is_one_json_field() -> None:
     ({"file": 123}, "base64 string"),
     ({"file": "!!!"}, "not valid base64"),
     ({"file": ""}, "empty"),
-    ({"input": "text"}, "field missing"),
 ])
 def test_a_bad_file_is_refused_naming_the_field(body: dict, says: str) -> None:
     assert says in refused(TRANSCRIBE, body, "file")
@@ -126,6 +125,12 @@ def test_a_bad_file_is_refused_naming_the_field(body: dict, says: str) -> None:
 def test_a_payload_that_is_not_an_object_is_refused(payload: object) -> None:
     for route in (TRANSCRIBE, EDIT, VIDEO):
         refused(route, payload, "payload")
+
+
+@pytest.mark.parametrize("route", [TRANSCRIBE, EDIT, VIDEO])
+def test_an_input_that_is_not_an_object_is_refused(route: str) -> None:
+    """No upload route has an `input` field: a string there is a wrongly built request (a 422, not a 500)."""
+    refused(route, {"input": "text", "prompt": "p"}, "input")
 
 
 @pytest.mark.parametrize("name", ["clip.unknown", "clip.html", "clip", "clip.png"])

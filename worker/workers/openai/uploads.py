@@ -237,6 +237,8 @@ def split_upload(route: str, body: Any, limits: UploadLimits) -> tuple[dict[str,
     Raises UploadError naming the field on a missing, oversized, undecodable or wrongly typed
     upload, or on a reference that is not an http(s) URL or a data: URI.
     """
+    if isinstance(body, dict) and body.get("input") is not None and not isinstance(body["input"], dict):
+        raise UploadError("input", "must be an object holding the request's fields")  # no upload route has one
     fields = unwrap(body)
     specs = UPLOAD_FIELDS[route]
     uploads = {spec.name: fields.pop(spec.name, None) for spec in specs}
