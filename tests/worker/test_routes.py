@@ -90,6 +90,13 @@ def test_a_bad_number_is_a_warning_and_the_default(value: str) -> None:
     assert len(settings.warnings) == 2 and all("is not a positive integer" in w for w in settings.warnings)
 
 
+def test_benchmarking_a_speech_batch_is_warned_about() -> None:
+    """vLLM-Omni answers a speech batch 200 even when every item failed: the benchmark sees success."""
+    settings = load(BENCHMARK_ROUTE="/v1/audio/speech/batch")
+    assert len(settings.warnings) == 1 and "benchmark /v1/audio/speech instead" in settings.warnings[0]
+    assert load(BENCHMARK_ROUTE="/v1/audio/speech").warnings == ()
+
+
 def test_upload_limits_and_voice_come_from_the_environment() -> None:
     settings = load(OPENAI_MAX_UPLOAD_BYTES="1000", OPENAI_MAX_REQUEST_UPLOAD_BYTES="5000",
                     BENCHMARK_SPEECH_VOICE=" alloy ", BENCHMARK_EMBED_CHARS="1200")

@@ -162,6 +162,10 @@ def load_route_settings(env: Mapping[str, str]) -> RouteSettings:
                          f"one of {', '.join(routes)}")
     if lines:
         raise RouteConfigError(lines)
+    if benchmarked == "/v1/audio/speech/batch":
+        warnings.append(f"{BENCHMARK_ROUTE_VAR}=/v1/audio/speech/batch: vLLM-Omni answers a batch 200 even "
+                        "when its items fail, so this benchmark cannot see a failing model; benchmark "
+                        "/v1/audio/speech instead")
     file_bytes = _positive(env, uploads.MAX_UPLOAD_BYTES_VAR, uploads.DEFAULT_MAX_UPLOAD_BYTES, warnings)
     request_bytes = _positive(env, uploads.MAX_REQUEST_UPLOAD_BYTES_VAR,
                               max(uploads.DEFAULT_MAX_REQUEST_UPLOAD_BYTES, file_bytes), warnings)
