@@ -435,7 +435,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
                                     "(BAKERY_MAX_BODY_BYTES)")
         if request.can_read_body:
             try:
-                await asyncio.wait_for(request.read(), limits.body_timeout)
+                await _within(request.read(), limits.body_timeout)
             except web.HTTPRequestEntityTooLarge:
                 return _error(web, 413, f"the request body is larger than {limits.max_body_bytes} bytes "
                                         "(BAKERY_MAX_BODY_BYTES)")
@@ -461,6 +461,14 @@ def _install_limits(ctx: Context, web: Any) -> None:
 
     ctx.middlewares.append((RANK["limits_body"], limits_body))
     ctx.middlewares.append((RANK["limits_engine"], limits_engine))
+
+
+async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
+    """`awaitable`'s result, or asyncio.TimeoutError after `seconds` (no extra task on Python 3.11+)."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:
