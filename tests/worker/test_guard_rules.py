@@ -129,7 +129,6 @@ MALFORMED = {
     "request_idx float": {"auth_data": {**AUTH, "request_idx": 1.5}, "payload": {}},
     "signature null": {"auth_data": {**AUTH, "signature": None}, "payload": {}},
     "url number": {"auth_data": {**AUTH, "url": 5}, "payload": {}},
-    "cost list": {"auth_data": {**AUTH, "cost": [8]}, "payload": {}},
     "field missing": {"auth_data": {k: v for k, v in AUTH.items() if k != "url"}, "payload": {}},
     "payload null": {"auth_data": AUTH, "payload": None},
     "payload list": {"auth_data": AUTH, "payload": [1]},
@@ -145,7 +144,8 @@ def test_malformed_envelopes_are_named(name: str) -> None:
 
 
 @pytest.mark.parametrize("envelope", [VALID, {**VALID, "session_id": "abc"}, {**VALID, "session_id": None},
-                                      {"auth_data": {**AUTH, "cost": 8.5, "extra": 1}, "payload": {"input": {}}}])
+                                      {"auth_data": {**AUTH, "cost": 8.5, "extra": 1}, "payload": {"input": {}}},
+                                      {"auth_data": {**AUTH, "cost": None, "endpoint": None}, "payload": {}}])
 def test_valid_envelopes_pass(envelope: dict) -> None:
     assert guards.envelope_error(envelope) is None
 

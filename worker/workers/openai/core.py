@@ -744,7 +744,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
     if settings.unsecured:
-        _warn("UNSECURED=true: requests are served without a signature (offline use only)")
+        _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")
     watch_log_file(settings.model_log)
     # Added after Worker() so the SDK still installs its own log handler on the root logger.
     logging.getLogger().addHandler(_LaunchFailureExit())

@@ -58,9 +58,10 @@ SERVER_MODULE = "vastai.serverless.server.lib.server"
 DATA_TYPES_MODULE = "vastai.serverless.server.lib.data_types"
 # The SDK's AuthData fields, and the JSON types the worker accepts for each (what the SDK can use
 # without crashing: it max()es reqnum, hashes request_idx, b64decodes signature, json.dumps url).
+# `()` is any value: the SDK does not use cost or endpoint of a plain request, so they are not judged.
 AUTH_FIELDS: dict[str, tuple[type, ...]] = {
-    "cost": (str, int, float),
-    "endpoint": (str,),
+    "cost": (),
+    "endpoint": (),
     "reqnum": (int,),
     "request_idx": (int,),
     "signature": (str,),
@@ -206,7 +207,7 @@ def auth_error(auth: dict[str, Any], where: str) -> str | None:
         if name not in auth:
             return f"{where}.{name} is missing"
         value = auth[name]
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if kinds and (isinstance(value, bool) or not isinstance(value, kinds)):
             wanted = " or ".join("string" if k is str else "integer" if k is int else "number" for k in kinds)
             return f"{where}.{name} must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}"
     return None
