@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -85,6 +86,52 @@ async def engine_session_timeout() -> dict[str, Any]:
            "base_url": str(session._base_url)}
     await session.close()
     return out
+
+
+async def engine_connect_timeout() -> dict[str, Any]:
+    """An engine that never accepts (a full listen backlog): the guarded engine call gives up after
+    the connect timeout and records it for the 504 (what the SDK alone would wait on for ever)."""
+    import socket
+    import time
+
+    from workers.openai import guards
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(3):  # fill the accept queue: further connects get no answer at all
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    os.environ["MODEL_SERVER_URL"] = f"http://127.0.0.1:{port}"
+    try:
+        worker = make_worker()
+    finally:
+        del os.environ["MODEL_SERVER_URL"]
+    backend = worker.backend
+    ctx = guards.install(worker, guards.Limits(engine_connect_timeout=1.0), routes=("/v1/completions",),
+                         http_port=3001, report_addr=os.environ["REPORT_ADDR"], active=("limits",))
+    for hook in ctx.on_startup:
+        await hook(None)
+    outcome: dict[str, str] = {}
+    guards._OUTCOME.set(outcome)
+    handler = backend.benchmark_handler
+    started = time.monotonic()
+    try:
+        call = backend._Backend__call_backend(handler=handler, payload=handler.make_benchmark_payload())
+        await asyncio.wait_for(call, 20)
+        error = "none"
+    except asyncio.TimeoutError as exc:
+        error = type(exc).__name__
+    elapsed = time.monotonic() - started
+    await backend.session.close()
+    for sock in [*fillers, server]:
+        sock.close()
+    return {"error": error, "seconds": round(elapsed, 1), "recorded": outcome.get("timeout")}
 
 
 def main() -> int:
@@ -177,6 +224,7 @@ def main() -> int:
 
     facts["fingerprints"] = {name: fingerprint(name)["changed"] for name in guards.ACTIVE}
     facts["engine_session"] = asyncio.run(engine_session_timeout())
+    facts["engine_connect"] = asyncio.run(engine_connect_timeout())
     print(json.dumps(facts))
     return 0
 

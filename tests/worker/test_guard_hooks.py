@@ -51,6 +51,14 @@ def test_limits_the_engine_session_is_the_guards(facts: dict[str, Any]) -> None:
                                        "base_url": "http://127.0.0.1:18000"}
 
 
+def test_limits_an_engine_that_never_accepts_times_out_and_is_recorded(facts: dict[str, Any]) -> None:
+    """Connect timeout 1 s against a listener whose backlog is full: the guarded call gives up after
+    ~1 s with aiohttp's connection timeout, recorded for the middleware's 504."""
+    result = facts["engine_connect"]
+    assert result["error"] == result["recorded"] == "ConnectionTimeoutError", result
+    assert 0.9 <= result["seconds"] <= 5, result
+
+
 def test_requests_go_through_the_hooked_methods(facts: dict[str, Any]) -> None:
     """own_url wraps the signature check, limits the engine call: both must be what a request calls."""
     assert all(facts["backend_methods"].values()), facts["backend_methods"]
