@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from workers.openai import guards
+
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
 DEFAULT_INFO_LINES = ('"message":"Download',)
@@ -63,6 +65,8 @@ PER_REQUEST_LINE = re.compile(
 SDK_REQUEST_LOGGERS = ("vastai.serverless.server.lib.metrics", "vastai.serverless.server.lib.backend")
 # aiohttp's access logger: one INFO line per request; only the 2xx ones are dropped (see AccessLines).
 ACCESS_LOGGER = "aiohttp.access"
+# Access lines of these paths are always kept, 2xx too.
+AUDITED_PATHS = ("/session", "/pyworker")
 # Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
 SDK_AUTH_DATA = ("vastai.serverless.server.lib.data_types", "AuthData")
 TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
@@ -128,6 +132,7 @@ class Settings:
     worker_port: int
     worker_http_port: int
     log_requests: bool = False
+    unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     warnings: list[str] = field(default_factory=list)
 
 
@@ -304,6 +309,10 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     """Resolve every setting from `defaults` and `env`. Raises ConfigError on unusable input."""
     warnings: list[str] = []
     worker_port, http_port = check_platform_env(env)
+    try:
+        unsecured = bool(guards.parse_bool("UNSECURED", env.get("UNSECURED")))
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
     server_url, server_base, server_port = resolve_server(env)
     health = _value(env, "MODEL_HEALTH_ENDPOINT") or defaults.health_endpoint
     readiness = (_value(env, "READINESS") or DEFAULT_READINESS).strip().lower()
@@ -342,6 +351,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         worker_port=worker_port,
         worker_http_port=http_port,
         log_requests=env_bool(env, LOG_REQUESTS_VAR, False, warnings),
+        unsecured=unsecured,
         warnings=warnings,
     )
 
@@ -515,7 +525,8 @@ def _import_sdk() -> Any:
     return vastai
 
 
-def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple[Any, str]:
+def build_worker_config(settings: Settings, sdk: Any, words: list[str],
+                        max_sessions: int = guards.Limits.max_sessions) -> tuple[Any, str]:
     """The SDK's WorkerConfig for `settings`, and the readiness note to print."""
     benchmark = sdk.BenchmarkConfig(
         generator=benchmark_generator(words, settings.model_id, settings.benchmark_max_tokens),
@@ -545,6 +556,7 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple
             on_error=settings.error_lines,
             on_info=settings.info_lines,
         ),
+        max_sessions=max_sessions,  # always positive: the SDK takes 0 or None as "no cap"
         **extra,
     )
     return config, note
@@ -601,16 +613,23 @@ class PerRequestLines(logging.Filter):
 
 
 class AccessLines(logging.Filter):
-    """Drops aiohttp's access line of a request answered 2xx; every other status (the SDK answers a bad
-    envelope 422, a bad signature 401, a full queue 429, an engine failure 500, none of them with a
-    line of its own) and every other record passes.
+    """Drops aiohttp's access line of a model request answered 2xx; every other status (the SDK answers
+    a bad envelope 422, a bad signature 401, a full queue 429, an engine failure 500, none of them with
+    a line of its own), every /session/ and /pyworker/ line (rare, and what a reviewer audits) and
+    every other record passes.
 
-    aiohttp gives the status to the record as `response_status`; a record without it passes.
+    aiohttp gives the status to the record as `response_status` and the request line as
+    `first_request_line`; a record without a status passes.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         status = getattr(record, "response_status", None)
-        return not (isinstance(status, int) and 200 <= status < 300)
+        if not (isinstance(status, int) and 200 <= status < 300):
+            return True
+        line = getattr(record, "first_request_line", "")
+        parts = line.split(" ", 2) if isinstance(line, str) else []
+        path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
+        return any(path == p or path.startswith(p + "/") for p in AUDITED_PATHS)
 
 
 def _add_filter_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
@@ -685,6 +704,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     try:
         settings = load_settings(defaults, env)
+        limits, errors = guards.load_limits(env)
+        if errors:
+            raise ConfigError(errors)
     except ConfigError as exc:
         for line in exc.lines:
             print(f"bakery-worker: error: {line}", file=sys.stderr, flush=True)
@@ -702,14 +724,27 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not signature_cached:
         _warn(f"{'.'.join(SDK_AUTH_DATA)} not found (a changed SDK): its signature is not cached, "
               "requests are served as the SDK serves them")
-    config, note = build_worker_config(settings, sdk, words)
+    config, note = build_worker_config(settings, sdk, words, limits.max_sessions)
     _say(describe(settings, signature_cached))
     _say(f"bakery-worker: {note}")
     try:
         lock_fd = claim_ports(settings)
     except PortBusy as exc:
         _fail(f"{exc}: stop the other listener or set WORKER_PORT", EXIT_PORT_BUSY)
+    # The SDK reads UNSECURED itself (distutils' strtobool: a blank or " true" crashes it, "on" or "t"
+    # passes): it gets the worker's strict reading, and is checked to hold it.
+    os.environ["UNSECURED"] = "true" if settings.unsecured else "false"
     worker = sdk.Worker(config)
+    if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
+        _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
+    try:
+        guards.install(worker, limits, routes=ROUTES, http_port=settings.worker_http_port,
+                       report_addr=env.get("REPORT_ADDR", "").strip())
+    except guards.GuardError as exc:
+        _fail(str(exc), EXIT_SDK)
+    _say(guards.describe(guards.ACTIVE, limits))
+    if settings.unsecured:
+        _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")
     watch_log_file(settings.model_log)
     # Added after Worker() so the SDK still installs its own log handler on the root logger.
     logging.getLogger().addHandler(_LaunchFailureExit())
