@@ -97,6 +97,7 @@ def test_images_builds_from_the_bake_file_and_gates_before_anything_leaves() -> 
     upload = index_of(texts, "actions/upload-artifact")
     assert write < override < bake < gate < upload, "bake file → build → gate (→ push) → record, in that order"
     assert "--cache gha" in texts[override], "the layer cache (type=gha) is set in the override file"
+    assert "--pin-bases" in texts[override], "the base is pinned to a digest the release records"
     assert index_of(texts, "crazy-max/ghaction-github-runtime") < bake, "buildx needs the cache runtime"
     everything = "".join((WORKFLOWS / name).read_text() for name in ("images.yml", "image-build.yml"))
     # The only ways out are the gate's own push and the manifest made from verified records.
