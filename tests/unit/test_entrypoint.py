@@ -121,6 +121,15 @@ def test_control_characters_in_a_launch_variable_are_refused(monkeypatch: pytest
     assert len(str(err.value).splitlines()) == 1
 
 
+def test_control_characters_in_serverless_or_the_baked_command_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVERLESS", "true\n")
+    with pytest.raises(entrypoint.BootError, match=r"^SERVERLESS=.*control character U\+000A"):
+        entrypoint.flag("SERVERLESS")
+    monkeypatch.setenv("BAKERY_ENGINE_CMD", json.dumps(["/app/llama-server", "--x", "a\nb"]))
+    with pytest.raises(entrypoint.BootError, match=r"^BAKERY_ENGINE_CMD=.*control character U\+000A"):
+        entrypoint.engine_argv()
+
+
 @pytest.mark.parametrize("value, expected", [
     ("--chat-template 'x ;y'", ["--chat-template", "x ;y"]),
     ("--chat-template 'x #y'", ["--chat-template", "x #y"]),

@@ -57,7 +57,7 @@ def single_line(name: str, value: str) -> str:
 
 def flag(name: str) -> bool:
     """Read a boolean launch variable strictly: a typo must not silently mean false."""
-    value = os.environ.get(name, "").strip().lower()
+    value = single_line(name, os.environ.get(name, "")).strip().lower()
     if value in TRUE:
         return True
     if value in FALSE:
@@ -115,6 +115,7 @@ def engine_argv() -> list[str]:
         raise BootError(f"BAKERY_ENGINE_CMD={raw!r} is not a JSON list of strings: rebuild the image") from None
     argv = []
     for arg in template:
+        single_line("BAKERY_ENGINE_CMD", arg)
         match = TOKEN.match(arg)
         if match:
             name = match.group(1)
