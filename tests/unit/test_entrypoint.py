@@ -193,3 +193,16 @@ def test_supervisor_config_refuses_a_path_with_ini_syntax(monkeypatch: pytest.Mo
     monkeypatch.setattr(entrypoint, "ENGINE_FILE", Path("/run/x ;y/engine.json"))
     with pytest.raises(entrypoint.BootError, match="cannot go into supervisord's configuration"):
         entrypoint.supervisor_config("llama", False)
+
+
+def test_launcher_refuses_a_bad_engine_file_or_log_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch.main([str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "bad.json").write_text(json.dumps({"argv": [], "log": "/x.log"}))
+    assert launch.main([str(tmp_path / "bad.json")]) == 2
+    path = entrypoint.write_engine_file(["/bin/true"], tmp_path / "no-such-dir" / "engine.log", tmp_path / "e.json")
+    assert launch.main([str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3
+    assert "cannot read the engine's command" in lines[0] and "not a non-empty list" in lines[1]
+    assert "cannot open the engine's log" in lines[2] and "No such file or directory" in lines[2]

@@ -37,8 +37,12 @@ def main(args: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"bakery: cannot read the engine's command from {args[0]}: {exc}", file=sys.stderr)
         return 2
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        print(f"bakery: cannot open the engine's log {log!r}: {exc.strerror}", file=sys.stderr)
+        return 2
     console = os.dup(2)  # kept (not inherited by the engine) to report an exec failure to the container
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
