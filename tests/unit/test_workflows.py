@@ -116,6 +116,18 @@ def test_manifest_job_uses_verified_records_only() -> None:
     assert "verified-*" in texts[index_of(texts, "actions/download-artifact")]
 
 
+def test_release_signs_every_verified_digest_keylessly_after_assemble() -> None:
+    manifest = load("images.yml")["jobs"]["manifest"]
+    assert manifest["permissions"].get("id-token") == "write", "keyless signing needs the job's OIDC token"
+    texts = steps_text(manifest)
+    install = index_of(texts, "sigstore/cosign-installer@")
+    sign = index_of(texts, "cosign sign --yes")
+    assert index_of(texts, "python -m bakery.release assemble") < install < sign
+    assert "'.repository + \"@\" + .digest'" in texts[sign] and "$RECORDS_DIR" in texts[sign], \
+        "what is signed is each verified record's pushed digest, by digest"
+    assert "--key" not in texts[sign], "keyless: no long-lived key"
+
+
 def test_pull_requests_build_on_local_bases_and_never_publish() -> None:
     plan = load("images.yml")["jobs"]["plan"]
     script = plan["steps"][-1]["run"]
@@ -166,6 +178,8 @@ PLANTED = [
     ("images.yml", "    needs: plan\n    if: github.event_name != 'pull_request'\n", "    needs: plan\n",
      "build-release: grants packages: write"),
     ("images.yml", "permissions:\n  contents: read\n", "permissions: write-all\n", "top-level permissions"),
+    ("images.yml", "    if: github.event_name != 'pull_request' && needs.plan.outputs.publish == 'true'\n",
+     "    if: needs.plan.outputs.publish == 'true'\n", "manifest: grants id-token: write, packages: write"),
     ("ci.yml", "permissions:\n  contents: read\n", "", "no top-level permissions"),
     ("ci.yml", "on:\n  pull_request:\n", "on:\n  pull_request_target:\n", "pull_request_target"),
     ("ci.yml", CHECKOUT_SHA + "\n        with:\n          persist-credentials: false\n", CHECKOUT_SHA + "\n",
