@@ -209,6 +209,17 @@ PLANTED = [
 ]
 
 
+def test_a_wrapped_condition_still_counts_and_an_or_does_not() -> None:
+    flow = ALL_WORKFLOWS["images.yml"]
+    wrapped = flow.replace("    needs: plan\n    if: github.event_name != 'pull_request'\n",
+                           "    needs: plan\n    if: ${{ github.event_name != 'pull_request' }}\n")
+    assert workflow_policy.violations({**ALL_WORKFLOWS, "images.yml": wrapped}) == []
+    weakened = flow.replace("    needs: plan\n    if: github.event_name != 'pull_request'\n",
+                            "    needs: plan\n    if: github.event_name != 'pull_request' || always()\n")
+    found = workflow_policy.violations({**ALL_WORKFLOWS, "images.yml": weakened})
+    assert any("build-release: grants packages: write" in v for v in found), found
+
+
 @pytest.mark.parametrize("name, old, new, expected", PLANTED, ids=[f"{i}-{p[3][:30]}" for i, p in enumerate(PLANTED)])
 def test_a_planted_weakness_is_caught(name: str, old: str, new: str, expected: str) -> None:
     assert old in ALL_WORKFLOWS[name], f"the plant no longer applies to {name}: {old!r}"

@@ -63,7 +63,9 @@ def _writes(permissions: Any) -> list[str]:
 
 
 def _excludes_pull_requests(job: dict[str, Any]) -> bool:
-    condition = str(job.get("if", ""))
+    condition = str(job.get("if", "")).strip()
+    if condition.startswith("${{") and condition.endswith("}}"):
+        condition = condition[3:-2]
     return NOT_PR in [part.strip().strip("()").strip() for part in condition.split("&&")]
 
 
