@@ -58,6 +58,7 @@ PARENT_LABEL = "org.bakery.base.parent"
 RECIPE_VERSION = "1"  # bump to force every base to be rebuilt
 
 DEBIAN_SUITE = "bookworm"
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")  # checks the Release file
 # libgomp1 (OpenMP runtime, 300 kB) is what llama.cpp's CPU build links against; the llama-cpp base
 # cannot apt-get it (no network in builds), so the debian base carries it.
 DEBIAN_PACKAGES = ("python3", "python3-venv", "iproute2", "ca-certificates", "procps", "tini", "libgomp1")
@@ -438,8 +439,14 @@ def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
     debs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".debian-{DEBIAN_SUITE}-", dir=rootfs_dir))
     log_path = rootfs_dir / f"debian-{DEBIAN_SUITE}.debootstrap.log"
+    # Every .deb is pinned by the signed Release file's hashes; an explicit keyring makes debootstrap
+    # refuse (rather than warn and go on) when it cannot check that signature.
+    if not DEBIAN_KEYRING.is_file():
+        raise BuildError(f"{DEBIAN_KEYRING} is missing, so debootstrap could not verify what it downloads: "
+                         "run `apt-get install debian-archive-keyring` (or scripts/setup-host)")
     cmd = [debootstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-           "--components=main", f"--cache-dir={debs.resolve()}", DEBIAN_SUITE, str(work), mirror]
+           "--components=main", f"--keyring={DEBIAN_KEYRING}", f"--cache-dir={debs.resolve()}",
+           DEBIAN_SUITE, str(work), mirror]
     say(f"debian: debootstrap {DEBIAN_SUITE} (minbase + {', '.join(DEBIAN_PACKAGES)}) from {mirror} "
         "(about a minute)")
     started = time.monotonic()

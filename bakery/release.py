@@ -26,7 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakery.bakefile import engine_of, load_bake_file, plan_targets, target_of
+from bakery.bakefile import (
+    BASE_DIGEST_LABEL,
+    BASE_NAME_LABEL,
+    DIGEST,
+    engine_of,
+    load_bake_file,
+    pinned_digest,
+    plan_targets,
+    target_of,
+)
 from bakery.errors import BakeryError, BuildError, InputError, VerificationError
 from bakery.spec import available_engines, load_engine
 from bakery.tags import check_repository, platform_tag, release_tags
@@ -52,6 +61,8 @@ class VerifiedRecord:
     pushed_ref: str = ""  # the per-platform tag pushed
     digest: str = ""  # the pushed manifest's digest (sha256:...)
     version: int = RECORD_VERSION
+    base_image: str = ""  # the base the image was built on (its org.opencontainers.image.base.name)
+    base_digest: str = ""  # the digest that base resolved to at build time (org.opencontainers.image.base.digest)
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -105,6 +116,31 @@ def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str)
     return image_id
 
 
+def image_labels(image_id: str) -> dict[str, str]:
+    """The labels of an image on the local engine."""
+    from bakery.docker_engine import client
+
+    return dict(client().images.get(image_id).labels or {})
+
+
+def built_base(image_id: str, target: str, *, required: bool) -> tuple[str, str]:
+    """The base name and digest an image records in its labels; a release (required) must have both,
+    and a base the spec pinned by digest must be that digest."""
+    labels = image_labels(image_id)
+    name, digest = labels.get(BASE_NAME_LABEL, ""), labels.get(BASE_DIGEST_LABEL, "")
+    if digest and not DIGEST.match(digest):
+        raise BuildError(f"{target}: {image_id[:19]} labels {BASE_DIGEST_LABEL}={digest!r}: not a sha256 digest")
+    pinned = pinned_digest(name)
+    if pinned and digest and pinned != digest:
+        raise BuildError(f"{target}: {image_id[:19]} names the base {name} but records {digest}: not that image")
+    digest = digest or pinned or ""
+    if required and not digest:
+        raise InputError(f"{target}: {image_id[:19]} records no base digest ({BASE_DIGEST_LABEL}): a release must "
+                         f"say what it was built on; write the override with `python -m bakery.bakefile ci "
+                         f"--pin-bases` (or pin the spec's base.image by @sha256:)")
+    return name, digest
+
+
 def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = False,
                   metadata_file: Path | None = None, gate: Callable[..., Any] | None = None) -> VerifiedRecord:
     """Gate the image a bake target built; on a pass tag it (and push it), and write its record.
@@ -129,6 +165,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     image_id = built_image_id(candidate, metadata, target)
     if push and variant != "production":
         raise InputError(f"{target} is built on a {variant} base: only production builds are pushed for release")
+    base_image, base_digest = built_base(image_id, target, required=push)
     _say(f"{target}: verifying {image_id[:19]} ({candidate}), gate level {variant}")
     result = gate(image_id, engine, variant=variant, quiet=True, progress=_say)
     if not result.passed:
@@ -141,7 +178,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     tag_verified(image_id, tags, verified=True)
     record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
                             repository=repository, revision=revision, image_id=image_id,
-                            checks_run=result.ran, tags=tags)
+                            checks_run=result.ran, tags=tags, base_image=base_image, base_digest=base_digest)
     if push:
         pushed = push_verified(image_id, tags, verified=True, progress=_say)[0]
         ref, _, digest = pushed.partition("@")

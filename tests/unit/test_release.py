@@ -81,8 +81,21 @@ def bake_file(tmp_path: Path) -> Path:
                            quiet=True)
 
 
+BASE_DIGEST = "sha256:" + "5" * 64
+BASE_LABELS = {"org.opencontainers.image.base.name": "vllm/vllm-openai:v0.10.2",
+               "org.opencontainers.image.base.digest": BASE_DIGEST}
+
+
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def labels(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The built image's labels (what `bakefile ci --pin-bases` makes the build add); tests may change them."""
+    current = dict(BASE_LABELS)
+    monkeypatch.setattr(release, "image_labels", lambda image_id: current)
+    return current
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch, labels: dict[str, str]) -> list[str]:
     seen: list[str] = []
     monkeypatch.setattr(release, "built_image_id", lambda candidate, metadata, target: IMAGE["amd64"])
     monkeypatch.setattr(publish, "tag_verified", lambda image_id, tags, verified: seen.append(f"tag {tags}"))
@@ -122,7 +135,32 @@ def test_a_passed_gate_pushes_the_platform_tag_and_records_the_digest(bake_file:
     tag = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-amd64"
     assert calls == [f"tag {[tag]}", f"push {[tag]}"]
     assert (rec.image_id, rec.digest, rec.pushed_ref) == (IMAGE["amd64"], DIGEST["amd64"], tag)
+    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", BASE_DIGEST)
     assert VerifiedRecord.read(tmp_path / "r" / "vllm-amd64.json") == rec
+
+
+def test_a_release_without_a_recorded_base_digest_is_refused_before_the_gate(
+        bake_file: Path, tmp_path: Path, calls: list[str], labels: dict[str, str]) -> None:
+    del labels["org.opencontainers.image.base.digest"]
+    with pytest.raises(InputError, match=r"records no base digest .*--pin-bases"):
+        verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=_no_docker)
+    assert calls == []
+    # Without --push (a gate run, no release) the record just says what is known.
+    rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r",
+                        gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", "")
+
+
+def test_a_base_pinned_by_the_spec_must_be_the_recorded_digest(bake_file: Path, tmp_path: Path, calls: list[str],
+                                                               labels: dict[str, str]) -> None:
+    pinned = "sha256:" + "6" * 64
+    labels["org.opencontainers.image.base.name"] = f"vllm/vllm-openai:v0.10.2@{pinned}"
+    with pytest.raises(release.BuildError, match=r"names the base .* but records"):
+        verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=_no_docker)
+    del labels["org.opencontainers.image.base.digest"]  # the spec's own pin is the record then
+    rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True,
+                        gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    assert rec.base_digest == pinned
 
 
 def test_local_builds_are_never_pushed_for_release(tmp_path: Path, calls: list[str]) -> None:
