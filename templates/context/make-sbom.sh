@@ -4,9 +4,7 @@
 # Python ($1/python) when the image carries one. Runs after make-venv.sh, offline: the generator is
 # installed from the wheelhouse (sbom-requirements.txt, --require-hashes) into a throwaway venv that
 # is deleted before the stage's files reach the image. bakery.sbom.sbom_mismatches() checks the result.
-# The worker-build stage of base.Dockerfile.j2 runs it right after make-venv.sh:
-#   COPY context/make-venv.sh context/make-sbom.sh context/sbom-requirements.txt worker/requirements.txt /tmp/bakery/
-#   RUN ["/bin/sh", "/tmp/bakery/make-sbom.sh", "/opt/bakery"]
+# The worker-build stage of templates/base.Dockerfile.j2 runs it right after make-venv.sh.
 set -eu
 root=$1
 wheels=${BAKERY_WHEELS:-/tmp/bakery/wheels}

@@ -110,5 +110,6 @@ def test_the_repository_context_is_its_tracked_worker(tmp_path: Path) -> None:
     assert str(planted.relative_to(REPO_ROOT)) not in files
     tracked = tracked_files(REPO_ROOT, "worker")
     assert "worker/boot/entrypoint.py" in files and "worker/workers/openai/core.py" in files
-    assert set(files) == {p for p in tracked if p != "worker/lock.py" and "/tests/" not in p} | {
-        "templates/context/bundle-python.sh", "templates/context/make-venv.sh"}
+    assert "templates/context/make-venv.sh" in files
+    assert set(files) == {p for p in tracked if p != "worker/lock.py" and "/tests/" not in p} | set(
+        tracked_files(REPO_ROOT, "templates/context"))
