@@ -38,8 +38,11 @@ class Registry:
     """A fake registry for imagetools: manifests by digest, and the index each tag was made into."""
 
     def __init__(self, records: list[VerifiedRecord]) -> None:
-        self.refs: dict[str, dict] = {f"{r.repository}@{r.digest}": {"config": {"digest": r.image_id}}
-                                      for r in records}
+        self.refs: dict[str, dict] = {}
+        self.platforms: dict[str, str] = {}  # digest -> os/arch, as the image config says
+        for r in records:
+            self.refs[f"{r.repository}@{r.digest}"] = self.refs[r.pushed_ref] = {"config": {"digest": r.image_id}}
+            self.platforms[r.digest] = r.platform
         self.commands: list[list[str]] = []
 
     def inspect(self, ref: str):
@@ -49,9 +52,13 @@ class Registry:
         self.commands.append(cmd)
         tags = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--tag"]
         sources = [arg for arg in cmd[4:] if "@" in arg]
-        index = {"manifests": [{"digest": s.partition("@")[2]} for s in sources]}
+        index = {"manifests": [self.entry(s.partition("@")[2]) for s in sources]}
         for tag in tags:
             self.refs[tag] = index
+
+    def entry(self, digest: str) -> dict:
+        os_name, _, arch = self.platforms.get(digest, "linux/unknown").partition("/")
+        return {"digest": digest, "platform": {"os": os_name, "architecture": arch}}
 
 
 # ---- the publishing rule ------------------------------------------------------------------------
@@ -200,7 +207,7 @@ def test_a_commit_tag_is_never_moved() -> None:
     registry.refs[pinned] = {"manifests": [{"digest": "sha256:" + "9" * 64}]}
     with pytest.raises(VerificationError, match="never moved"):
         assemble(records, inspect=registry.inspect, run=registry.run)
-    registry.refs[pinned] = {"manifests": [{"digest": DIGEST["amd64"]}, {"digest": DIGEST["arm64"]}]}
+    registry.refs[pinned] = {"manifests": [registry.entry(DIGEST["amd64"]), registry.entry(DIGEST["arm64"])]}
     assemble(records, inspect=registry.inspect, run=registry.run)  # a re-run with the same digests is fine
 
 
@@ -210,7 +217,7 @@ def test_a_created_tag_listing_other_digests_fails() -> None:
 
     def sloppy_run(cmd):
         registry.run(cmd)
-        registry.refs["ghcr.io/acme/vllm:latest"] = {"manifests": [{"digest": DIGEST["amd64"]}]}
+        registry.refs["ghcr.io/acme/vllm:latest"] = {"manifests": [registry.entry(DIGEST["amd64"])]}
 
     with pytest.raises(VerificationError, match="not the verified"):
         assemble(records, inspect=registry.inspect, run=sloppy_run)
