@@ -181,6 +181,14 @@ def skopeo_tags(repository: str) -> list[str]:
     return sorted(json.loads(proc.stdout)["Tags"] or [])
 
 
+def skopeo_config(ref: str) -> dict[str, Any]:
+    """The image config at `ref` (os, architecture, ...), per skopeo `inspect --config`."""
+    proc = _skopeo("inspect", "--config", f"docker://{ref}")
+    if proc.returncode != 0:
+        raise AssertionError(f"skopeo inspect --config {ref} failed: {proc.stderr.decode().strip()}")
+    return json.loads(proc.stdout)
+
+
 # ---- the gate, once per image id ----------------------------------------------------------------
 
 _GATE_RESULTS: dict[tuple[str, str, str], GateResult] = {}
