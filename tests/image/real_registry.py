@@ -23,11 +23,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 import yaml
 
@@ -224,7 +225,7 @@ def tiny_image(client: Any, content: str) -> str:
     return client.images.get(image_id).id
 
 
-def push(client: Any, image_id: str, ref: str) -> str:
+def push_as(client: Any, image_id: str, ref: str) -> str:
     """Tag `image_id` as `ref` and push it (a test's own push, not bakery's); returns the digest."""
     repo, _, tag = ref.rpartition(":")
     client.images.get(image_id).tag(repo, tag)
@@ -234,6 +235,32 @@ def push(client: Any, image_id: str, ref: str) -> str:
             raise AssertionError(f"push {ref}: {event['error']}")
         digest = (event.get("aux") or {}).get("Digest", digest)
     return digest
+
+
+def own_context_dir(label: str = "") -> Callable[[str], Path]:
+    """bakery.builder.context_dir for these tests: other builds on this machine lay out
+    cache/contexts/<engine>, and a planted build must not rewrite the good build's context."""
+    from bakery.artifacts import cache_dir
+
+    return lambda name: cache_dir() / "contexts" / f"test-publish{label}-{name}"
+
+
+KEEP_TAG = f"bakery-test/publish:{os.environ.get('BAKERY_SUITE_TAG', 'suite')}"
+
+
+def keep(client: Any, image_id: str) -> None:
+    """Hold a local test tag on the verified image, so removing the registry tags never deletes it:
+    a rebuild would get a new id (new layer times) and pay for the gate again. The previous run's
+    image loses the tag, and is removed when nothing else holds it, so runs do not pile up."""
+    repo, _, tag = KEEP_TAG.rpartition(":")
+    try:
+        previous = client.images.get(KEEP_TAG).id
+    except docker.errors.ImageNotFound:
+        previous = None
+    client.images.get(image_id).tag(repo, tag)
+    if previous and previous != image_id:
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(previous)
 
 
 def remove_tags(client: Any, prefix: str) -> None:

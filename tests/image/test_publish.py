@@ -21,14 +21,17 @@ import pytest
 
 import bakery.builder
 import bakery.pipeline as pipeline
-from bakery.artifacts import cache_dir
 from bakery.cli import main
 from bakery.errors import VerificationError
 from bakery.publish import push_verified, tag_verified
+from tests.image.readback import main as readback_main
 from tests.image.real_registry import (
     RunningRegistry,
     free_port,
     gate_once,
+    keep,
+    own_context_dir,
+    push_as,
     remove_tags,
     running_registry,
     skopeo_raw,
@@ -40,9 +43,8 @@ ENGINE = "vllm"
 
 
 @pytest.fixture(autouse=True)
-def own_context_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Other builds on this machine lay out cache/contexts/<engine>: keep this test's apart.
-    monkeypatch.setattr(bakery.builder, "context_dir", lambda name: cache_dir() / "contexts" / f"test-publish-{name}")
+def own_context_and_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bakery.builder, "context_dir", own_context_dir())
     monkeypatch.setattr(pipeline, "run_gate", gate_once)
 
 
@@ -66,10 +68,11 @@ def published(registry: RunningRegistry, docker_client) -> Iterator[dict]:
     """build.py --push to the module's registry, once: its JSON summary item and its stderr."""
     repository = f"{registry.host}/acme"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bakery.builder, "context_dir", lambda name: cache_dir() / "contexts" / f"test-publish-{name}")
+        mp.setattr(bakery.builder, "context_dir", own_context_dir())
         mp.setattr(pipeline, "run_gate", gate_once)
         code, summary, err = build_py("--push", "--repository", repository)
     assert code == 0, err[-3000:]
+    keep(docker_client, summary["engines"][0]["image_id"])
     yield {"item": summary["engines"][0], "err": err, "repository": f"{repository}/{ENGINE}"}
     remove_tags(docker_client, f"{registry.host}/")
 
@@ -105,6 +108,7 @@ def test_a_failed_gate_leaves_no_release_tag_and_never_pushes(registry: RunningR
         return dataclasses.replace(rendered, dockerfile=planted)
 
     monkeypatch.setattr(pipeline, "render", render_without_expose)
+    monkeypatch.setattr(bakery.builder, "context_dir", own_context_dir("-planted"))
     repository = f"{registry.host}/gatefail"
     code, summary, err = build_py("--push", "--repository", repository)
     item = summary["engines"][0]
@@ -175,3 +179,26 @@ def test_a_refused_push_fails_with_one_line(refusing: tuple[str, str, RunningReg
                 assert skopeo_tags(f"{repository}/{ENGINE}") == []
     finally:
         remove_tags(docker_client, f"{host}/")
+
+
+def test_readback_matches_every_tag_with_a_verified_push(published: dict, tmp_path: Path, docker_client,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    # tests.image.readback is how a registry no test started is checked after `build.py --push`:
+    # here it reads a fresh registry that build.py pushed to, then one tag planted beside.
+    with running_registry(tmp_path / "fresh") as fresh:
+        try:
+            code, summary, err = build_py("--push", "--repository", f"{fresh.host}/acme")
+            assert code == 0, err[-3000:]
+            (tmp_path / "summary.json").write_text(json.dumps(summary))
+            assert readback_main([fresh.host, str(tmp_path / "summary.json")]) == 0
+            out = capsys.readouterr().out.splitlines()
+            assert sorted(out) == sorted(f"ok   {line}: config {summary['engines'][0]['image_id']} = verified image"
+                                         for line in summary["engines"][0]["pushed"])
+            planted = tiny_image(docker_client, "beside the verified tags")
+            digest = push_as(docker_client, planted, f"{fresh.host}/acme/{ENGINE}:planted")
+            assert readback_main([fresh.host, str(tmp_path / "summary.json")]) == 1
+            bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
+            assert bad == [f"BAD  {fresh.host}/acme/{ENGINE}:planted@{digest}: build.py reported no such push "
+                           f"(config {planted})"]
+        finally:
+            remove_tags(docker_client, f"{fresh.host}/")

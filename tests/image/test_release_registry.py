@@ -24,7 +24,6 @@ import pytest
 
 import bakery.builder
 import bakery.release as release
-from bakery.artifacts import cache_dir
 from bakery.bakefile import host_platform, load_bake_file, target_of, write_bake_file
 from bakery.cli import make_parser
 from bakery.pipeline import run_engine
@@ -33,7 +32,9 @@ from bakery.spec import load_engine
 from tests.image.real_registry import (
     RunningRegistry,
     gate_once,
-    push,
+    keep,
+    own_context_dir,
+    push_as,
     remove_tags,
     running_registry,
     skopeo_config,
@@ -61,7 +62,7 @@ def verified(registry: RunningRegistry, docker_client, tmp_path_factory: pytest.
     work = tmp_path_factory.mktemp("release")
     with pytest.MonkeyPatch.context() as mp:
         # The image as build.py makes it (Docker's cache: the same id build.py --local verifies).
-        mp.setattr(bakery.builder, "context_dir", lambda name: cache_dir() / "contexts" / f"test-publish-{name}")
+        mp.setattr(bakery.builder, "context_dir", own_context_dir())
         built = run_engine(spec, make_parser().parse_args(["--engine", ENGINE, "--local", "--no-verify", "--quiet"]))
 
     def no_wheels(platform: str) -> Path:  # the bake file is read here, not built from
@@ -74,6 +75,7 @@ def verified(registry: RunningRegistry, docker_client, tmp_path_factory: pytest.
     target = f"{ENGINE}-{PLATFORM.split('/')[1]}"
     candidate = target_of(load_bake_file(bake), target)["tags"][0]
     repo, _, tag = candidate.rpartition(":")
+    keep(docker_client, built["image_id"])
     docker_client.images.get(built["image_id"]).tag(repo, tag)  # what `docker buildx bake --load` leaves
     records = work / "records"
     record = verify_target(bake, target, records=records, push=True, rehearsal=True, gate=gate_once)
@@ -160,7 +162,7 @@ def test_a_record_of_a_digest_the_gate_never_verified_is_refused(verified: dict,
                                                                 capsys: pytest.CaptureFixture) -> None:
     record, repository = verified["record"], verified["repository"]
     planted = plant("never gated")
-    digest = push(docker_client, planted, f"{repository}:planted")
+    digest = push_as(docker_client, planted, f"{repository}:planted")
     revision = "bbbbbbb" + "1" * 33
     forged = dataclasses.replace(record, digest=digest, revision=revision)
     before = views(shared_tags(record))
@@ -176,9 +178,9 @@ def test_a_platform_tag_moved_after_the_gate_is_refused(verified: dict, docker_c
                                                         capsys: pytest.CaptureFixture) -> None:
     record, repository = verified["record"], verified["repository"]
     moved_ref = f"{repository}:moved-{PLATFORM.split('/')[1]}"
-    assert push(docker_client, verified["image_id"], moved_ref) == record.digest  # the verified image, by digest
+    assert push_as(docker_client, verified["image_id"], moved_ref) == record.digest  # the verified image, by digest
     planted = plant("pushed over the verified tag")
-    planted_digest = push(docker_client, planted, moved_ref)  # someone moves the tag after the gate
+    planted_digest = push_as(docker_client, planted, moved_ref)  # someone moves the tag after the gate
     revision = "ccccccc" + "2" * 33
     before = views(shared_tags(record))
     code, errors = assemble_cli(capsys, VerifiedRecord.write(dataclasses.replace(record, pushed_ref=moved_ref,
@@ -199,7 +201,7 @@ def test_an_existing_commit_tag_is_never_moved(verified: dict, docker_client, pl
     commit_tag = plan_manifests([again], allow_partial=True, variant="local")[0].pinned
     assert commit_tag and f"-g{revision[:7]}-local" in commit_tag
     planted = plant("an earlier release of this commit")
-    planted_digest = push(docker_client, planted, commit_tag)
+    planted_digest = push_as(docker_client, planted, commit_tag)
     before = views(shared_tags(record))
     code, errors = assemble_cli(capsys, VerifiedRecord.write(again, tmp_path))
     assert code == 1
