@@ -38,12 +38,13 @@ def catalog(host: str) -> list[str]:
         return sorted(json.load(response).get("repositories") or [])
 
 
-def readback(host: str, summary: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(lines for tags that match a verified push, lines for tags that do not)."""
+def readback(host: str, summary: dict[str, Any], prefix: str = "") -> tuple[list[str], list[str]]:
+    """(lines for tags that match a verified push, lines for tags that do not), for every repository
+    of the registry whose name starts with `prefix`."""
     pushes = verified_pushes(summary)
     by_digest = {line.partition("@")[2]: image for line, image in pushes.items()}
     good, bad = [], []
-    for repo in catalog(host):
+    for repo in [r for r in catalog(host) if r.startswith(prefix)]:
         for tag in skopeo_tags(f"{host}/{repo}"):
             ref = f"{host}/{repo}:{tag}"
             found = skopeo_raw(ref)
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.image.readback", description=__doc__.splitlines()[0])
     parser.add_argument("host", help="the registry, e.g. 127.0.0.1:5000 (plain HTTP, loopback)")
     parser.add_argument("summary", type=Path, help="build.py --json output")
+    parser.add_argument("--prefix", default="", help="only the repositories whose name starts with this")
     args = parser.parse_args(argv)
     if shutil.which("skopeo") is None:
         print("readback: skopeo is not installed: apt-get install skopeo (scripts/setup-host)", file=sys.stderr)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"readback: {args.summary}: not a build.py --json summary: {exc}", file=sys.stderr)
         return 2
-    good, bad = readback(args.host, summary)
+    good, bad = readback(args.host, summary, args.prefix)
     for line in good:
         print(f"ok   {line}")
     for line in bad:

@@ -181,24 +181,26 @@ def test_a_refused_push_fails_with_one_line(refusing: tuple[str, str, RunningReg
         remove_tags(docker_client, f"{host}/")
 
 
-def test_readback_matches_every_tag_with_a_verified_push(published: dict, tmp_path: Path, docker_client,
+def test_readback_matches_every_tag_with_a_verified_push(published: dict, registry: RunningRegistry,
+                                                         tmp_path: Path, docker_client,
                                                          capsys: pytest.CaptureFixture) -> None:
-    # tests.image.readback is how a registry no test started is checked after `build.py --push`:
-    # here it reads a fresh registry that build.py pushed to, then one tag planted beside.
-    with running_registry(tmp_path / "fresh") as fresh:
-        try:
-            code, summary, err = build_py("--push", "--repository", f"{fresh.host}/acme")
-            assert code == 0, err[-3000:]
-            (tmp_path / "summary.json").write_text(json.dumps(summary))
-            assert readback_main([fresh.host, str(tmp_path / "summary.json")]) == 0
-            out = capsys.readouterr().out.splitlines()
-            assert sorted(out) == sorted(f"ok   {line}: config {summary['engines'][0]['image_id']} = verified image"
-                                         for line in summary["engines"][0]["pushed"])
-            planted = tiny_image(docker_client, "beside the verified tags")
-            digest = push_as(docker_client, planted, f"{fresh.host}/acme/{ENGINE}:planted")
-            assert readback_main([fresh.host, str(tmp_path / "summary.json")]) == 1
-            bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
-            assert bad == [f"BAD  {fresh.host}/acme/{ENGINE}:planted@{digest}: build.py reported no such push "
-                           f"(config {planted})"]
-        finally:
-            remove_tags(docker_client, f"{fresh.host}/")
+    # tests.image.readback is how a registry no test started is checked after `build.py --push`.
+    # Here: build.py pushes under its own prefix of the module's registry (the layers are there
+    # already), readback passes; then one tag planted beside them is the one line it reports.
+    host, summary_file = registry.host, tmp_path / "summary.json"
+    try:
+        code, summary, err = build_py("--push", "--repository", f"{host}/readback")
+        assert code == 0, err[-3000:]
+        summary_file.write_text(json.dumps(summary))
+        assert readback_main([host, str(summary_file), "--prefix", "readback/"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert sorted(out) == sorted(f"ok   {line}: config {summary['engines'][0]['image_id']} = verified image"
+                                     for line in summary["engines"][0]["pushed"])
+        planted = tiny_image(docker_client, "beside the verified tags")
+        digest = push_as(docker_client, planted, f"{host}/readback/{ENGINE}:planted")
+        assert readback_main([host, str(summary_file), "--prefix", "readback/"]) == 1
+        bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
+        assert bad == [f"BAD  {host}/readback/{ENGINE}:planted@{digest}: build.py reported no such push "
+                       f"(config {planted})"]
+    finally:
+        remove_tags(docker_client, f"{host}/readback/")
