@@ -200,7 +200,7 @@ def test_readback_matches_every_tag_with_a_verified_push(published: dict, regist
         digest = push_as(docker_client, planted, f"{host}/readback/{ENGINE}:planted")
         assert readback_main([host, str(summary_file), "--prefix", "readback/"]) == 1
         bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
-        assert bad == [f"BAD  {host}/readback/{ENGINE}:planted@{digest}: build.py reported no such push "
-                       f"(config {planted})"]
+        assert bad == [f"BAD  {host}/readback/{ENGINE}:planted@{digest}: no verified push of that ref at that "
+                       f"digest (config {planted})"]
     finally:
         remove_tags(docker_client, f"{host}/readback/")

@@ -29,6 +29,7 @@ from bakery.cli import make_parser
 from bakery.pipeline import run_engine
 from bakery.release import VerifiedRecord, plan_manifests, verify_target
 from bakery.spec import load_engine
+from tests.image.readback import main as readback_main
 from tests.image.real_registry import (
     RunningRegistry,
     gate_once,
@@ -125,7 +126,8 @@ def test_verify_pushed_exactly_the_gated_image(verified: dict) -> None:
     assert skopeo_tags(verified["repository"]) == [record.pushed_ref.rpartition(":")[2]]
 
 
-def test_release_tags_are_an_index_of_the_verified_digests(verified: dict, capsys: pytest.CaptureFixture) -> None:
+def test_release_tags_are_an_index_of_the_verified_digests(verified: dict, registry: RunningRegistry,
+                                                           capsys: pytest.CaptureFixture) -> None:
     record, repository = verified["record"], verified["repository"]
     code, errors = assemble_cli(capsys, verified["records"])
     assert code == 0, errors
@@ -151,6 +153,12 @@ def test_release_tags_are_an_index_of_the_verified_digests(verified: dict, capsy
         assert f"{config['os']}/{config['architecture']}" == record.platform
     source_manifest, _ = skopeo_raw(sources[0])
     assert source_manifest["config"]["digest"] == verified["image_id"]
+    # readback (skopeo) accepts what was made from the records: the platform tag and each index.
+    readback_main([registry.host, "--records", str(verified["records"])])
+    lines = capsys.readouterr().out.splitlines()
+    for ref in [*tags, record.pushed_ref]:
+        assert any(line.startswith(f"ok   {ref}") for line in lines), (ref, lines)
+        assert not any(line.startswith(f"BAD  {ref}") for line in lines), (ref, lines)
     # A re-run with the same records leaves every tag as it is (the commit tag holds the same digest).
     before = views(tags)
     assert assemble_cli(capsys, verified["records"])[0] == 0
