@@ -178,7 +178,7 @@ def imagetools_inspect_raw(ref: str) -> dict[str, Any] | None:
 
 def is_loopback(registry: str) -> bool:
     """True for a registry on this machine, which the Docker engine reaches over plain HTTP by default."""
-    host = registry.rpartition(":")[0] if registry.count(":") == 1 else registry
+    host = registry.partition("]")[0] + "]" if registry.startswith("[") else registry.partition(":")[0]
     return host.startswith("127.") or host in ("localhost", "[::1]")
 
 
@@ -193,7 +193,7 @@ def docker_manifest_inspect(ref: str) -> dict[str, Any] | None:
     """The manifest (or manifest list) at `ref` read with `docker manifest inspect`, or None when absent.
 
     It reads the registry, except for a list still in the CLI's local store (~/.docker/manifests):
-    `ManifestPlan.manifest_commands` removes those before creating and purges them when pushing.
+    `assemble` drops those first (forget_local_lists), and `push --purge` drops each one it pushes.
     """
     proc = subprocess.run(["docker", "manifest", "inspect", *_insecure(ref), ref], capture_output=True, text=True,
                           check=False)
@@ -368,10 +368,9 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
 
 
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, check=False)  # the tool's own output goes to the log as it comes
     if proc.returncode != 0:
-        detail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-        raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode}): {detail}")
+        raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode})")
 
 
 def forget_local_lists(tags: list[str]) -> None:

@@ -318,6 +318,7 @@ def test_both_tools_get_the_same_tags_and_sources() -> None:
 
 @pytest.mark.parametrize(("repository", "insecure"), [
     ("127.0.0.1:5000/acme/vllm", True), ("localhost:5000/acme/vllm", True), ("localhost/acme/vllm", True),
+    ("127.1.2.3/acme/vllm", True), ("128.0.0.1:5000/acme/vllm", False),
     ("ghcr.io/acme/vllm", False), ("registry.example:5000/acme/vllm", False), ("acme/vllm", False),
 ])
 def test_only_a_loopback_registry_is_reached_insecurely(repository: str, insecure: bool) -> None:
