@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import guards
+from workers.openai import drain, guards, release
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -705,6 +705,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     try:
         settings = load_settings(defaults, env)
         limits, errors = guards.load_limits(env)
+        drain_seconds, drain_errors = drain.load(env)
+        errors += drain_errors
         if errors:
             raise ConfigError(errors)
     except ConfigError as exc:
@@ -738,11 +740,14 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
         _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
     try:
-        guards.install(worker, limits, routes=ROUTES, http_port=settings.worker_http_port,
-                       report_addr=env.get("REPORT_ADDR", "").strip())
+        ctx = guards.install(worker, limits, routes=ROUTES, http_port=settings.worker_http_port,
+                             report_addr=env.get("REPORT_ADDR", "").strip())
+        release.install(ctx)  # an engine answer is closed when its request ends (a client gone mid-stream)
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
+    drain.install(ctx, drain_seconds, limits.retry_after)  # SIGTERM: refuse new, finish in flight, exit 0
+    _say(drain.describe(drain_seconds))
     if settings.unsecured:
         _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")
     watch_log_file(settings.model_log)
