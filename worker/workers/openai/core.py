@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import drain, guards, release
+from workers.openai import drain, guards, serving
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -742,11 +742,10 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     try:
         ctx = guards.install(worker, limits, routes=ROUTES, http_port=settings.worker_http_port,
                              report_addr=env.get("REPORT_ADDR", "").strip())
-        release.install(ctx)  # an engine answer is closed when its request ends (a client gone mid-stream)
+        serving.install(ctx, drain_seconds, limits.retry_after)  # stream release, prompt report, drain
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
-    drain.install(ctx, drain_seconds, limits.retry_after)  # SIGTERM: refuse new, finish in flight, exit 0
     _say(drain.describe(drain_seconds))
     if settings.unsecured:
         _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")
