@@ -89,6 +89,7 @@ class Timing:
     total: float = 0.0
     done: bool = False
     status: int = 0
+    error: str = ""
 
 
 def stream_once(port: int, path: str, body: bytes) -> Timing:
@@ -97,48 +98,59 @@ def stream_once(port: int, path: str, body: bytes) -> Timing:
     start = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        timing.status = response.status
-        last = None
-        while line := response.readline():
-            if not line.startswith(b"data: "):
-                continue
-            now = time.perf_counter()
-            if line.strip() == b"data: [DONE]":
-                timing.done = True
-                continue
-            event = json.loads(line[6:])
-            choices = event.get("choices") or []
-            piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") if choices else None
-            if not piece:
-                continue
-            if last is None:
-                timing.ttft = now - start
-            else:
-                timing.gaps.append(now - last)
-            last = now
-        timing.total = time.perf_counter() - start
+        return _read_stream(conn, path, body, timing, start)
+    except OSError as exc:  # counted as an answer without [DONE]; named in the output
+        timing.error = type(exc).__name__
+        return timing
     finally:
         conn.close()
+
+
+def _read_stream(conn: http.client.HTTPConnection, path: str, body: bytes, timing: Timing, start: float) -> Timing:
+    """Send `body` on `conn` and time the SSE answer into `timing`."""
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    timing.status = response.status
+    last = None
+    while line := response.readline():
+        if not line.startswith(b"data: "):
+            continue
+        now = time.perf_counter()
+        if line.strip() == b"data: [DONE]":
+            timing.done = True
+            continue
+        event = json.loads(line[6:])
+        choices = event.get("choices") or []
+        piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") if choices else None
+        if not piece:
+            continue
+        if last is None:
+            timing.ttft = now - start
+        else:
+            timing.gaps.append(now - last)
+        last = now
+    timing.total = time.perf_counter() - start
     return timing
 
 
 def compare_streams(label: str, direct: list[Timing], ours: list[Timing]) -> None:
-    """Print the added first-token time, added gap and whole-answer ratio (p50s)."""
+    """Print the added first-token time, added gap and whole-answer ratio (p50s of complete answers)."""
+    for side, timings in (("direct", direct), ("worker", ours)):
+        bad = [t.error or str(t.status) for t in timings if t.status != 200 or not t.done]
+        if bad:
+            say(f"    {side}: {len(bad)} answer(s) without 200 + [DONE], left out: {', '.join(sorted(set(bad)))}")
+    direct = [t for t in direct if t.done]
+    ours = [t for t in ours if t.done]
     d_gaps = [g for t in direct for g in t.gaps]
     o_gaps = [g for t in ours for g in t.gaps]
-    say(f"  {label}: {len(ours)} answers each way, {len(o_gaps) // max(1, len(ours)) + 1} token events per answer")
     d_ttft, o_ttft = p50([t.ttft for t in direct]), p50([t.ttft for t in ours])
     d_total, o_total = p50([t.total for t in direct]), p50([t.total for t in ours])
+    say(f"  {label}: {len(direct)} / {len(ours)} complete answers direct / through the worker")
     say(f"    time to first token p50: direct {d_ttft * 1000:.1f} ms, worker {o_ttft * 1000:.1f} ms, "
         f"added {(o_ttft - d_ttft) * 1000:+.2f} ms")
     say(f"    gap between tokens p50: direct {p50(d_gaps) * 1000:.2f} ms, worker {p50(o_gaps) * 1000:.2f} ms, "
         f"added {(p50(o_gaps) - p50(d_gaps)) * 1000:+.3f} ms")
     say(f"    whole answer p50: direct {d_total:.3f} s, worker {o_total:.3f} s, ratio {o_total / d_total:.3f}x")
-    bad = [t for t in ours + direct if t.status != 200 or not t.done]
-    if bad:
-        say(f"    {len(bad)} answer(s) without 200 + [DONE]")
 
 
 # --------------------------------------------------------------------------- parts
@@ -209,6 +221,7 @@ def part_stream_standin(tmp: Path, runs: int, worker_python: Path, pubkey: str) 
 def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[float, list[float]]:
     """`clients` threads sending `body` back to back for `seconds`; (requests/s, latencies)."""
     latencies: list[float] = []
+    errors: list[int] = []
     lock = threading.Lock()
     stop = time.perf_counter() + seconds
 
@@ -217,9 +230,15 @@ def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[f
         mine = []
         while time.perf_counter() < stop:
             start = time.perf_counter()
-            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            response.read()
+            try:
+                conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+            except OSError:  # a reset keep-alive connection: counted, then a new one
+                errors.append(1)
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                continue
             if response.status == 200:
                 mine.append(time.perf_counter() - start)
         conn.close()
@@ -232,6 +251,8 @@ def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[f
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        say(f"    port {port}: {len(errors)} connection error(s) (reset), retried on a new connection")
     return len(latencies) / (time.perf_counter() - began), latencies
 
 
