@@ -471,6 +471,9 @@ class EngineProfile:
 class StandinServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # uvicorn's listen backlog (socketserver's default is 5: 16 clients connecting at once overflow it
+    # and some wait for a SYN retransmit, a stall the real engines do not have).
+    request_queue_size = 2048
 
     def __init__(self, profile: EngineProfile, cfg: ServeConfig, opts: Options, state: State) -> None:
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
