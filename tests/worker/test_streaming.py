@@ -95,6 +95,7 @@ def stepped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped: Stepped, route: str) -> None:
     stepped.reset()
+    before = len(stream_records(stepped.record))  # the stand-in records a stream just after its last byte
     sent = payload(route, f"pass-through {route}")
     stream = EventStream(stepped.served.port, route, envelope(sent), timeout=READ_TIMEOUT)
     assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream"), stream.headers
@@ -111,7 +112,7 @@ def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped
         assert not (stepped.steps / f"go-{held}").exists()
         (stepped.steps / f"go-{held}").touch()
     stream.close()
-    ended = wait_records(stepped.record, 1)[-1]
+    ended = wait_records(stepped.record, before + 1)[before]
     assert ended == {"stream": route, "events": len(events), "outcome": "complete"}, ended
 
     # The same request straight to the engine: the same events, usage chunk and [DONE].
