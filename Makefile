@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 
 # Host prerequisites (debootstrap, Python packages) - idempotent, quick when already done.
 setup: $(VENV)/.ready
-$(VENV)/.ready: requirements-dev.txt scripts/setup-host
+$(VENV)/.ready: requirements-dev.txt requirements-dev.lock scripts/setup-host
 	bash scripts/setup-host $(VENV)
 	touch $@
 
