@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import wave
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.worker.helpers import (
-    HERE,
+    REPO,
     SDK_READY,
     WORKER_DIR,
     Proc,
@@ -41,6 +42,11 @@ ALL_ROUTES = ",".join([
     "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/generations", "/v1/images/edits",
     "/v1/videos/sync"])
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\r\n" * 16
+# The local llama-cpp base's llama-server (a wrapper over xllamacpp with llama-server's flags) and the
+# LLAMA_ARGS an image launch needs for /v1/embeddings: a causal LM's own pooling is none, which
+# llama.cpp refuses for OpenAI embeddings (400), so mean pooling is asked for.
+LLAMA_SERVER = REPO / "bases" / "llama-cpp" / "llama-server"
+EMBEDDING_LLAMA_ARGS = "--embedding --pooling mean"
 UPLOAD_LIMIT = 600_000  # above the 480 KB benchmark clip, below the oversized upload below
 MIB = 1024 * 1024
 BODY_FOR_UPLOADS = 96 * MIB  # 3/2 of OPENAI_MAX_REQUEST_UPLOAD_BYTES (64 MiB): base64 and the envelope
@@ -245,16 +251,17 @@ def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
 @pytest.mark.slow
 def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them_signed(
         tmp_path: Path, worker_python: Path, procs: list[Proc], llama_python: Path, smollm2: Path) -> None:
-    """The real llama.cpp (`--embedding --pooling mean`, as LLAMA_ARGS gives them in an image),
-    benchmarked on /v1/embeddings, secured: signed requests are served, an unsigned one is 401, and
-    the autoscaler hears the worker is loaded."""
+    """The real llama.cpp started as the llama image starts it (the local base's /app/llama-server,
+    images/llama.yaml's command, then LLAMA_ARGS split), benchmarked on /v1/embeddings, secured:
+    signed requests are served, an unsigned one is 401, and the autoscaler hears the worker is loaded."""
     key: SigningKey = make_signing_key(worker_python)
     reports = ReportServer(key.pem)
     try:
         engine_port, port = free_port(), free_port_pair()
         log = tmp_path / "llama.log"
-        procs.append(Proc([str(llama_python), str(HERE / "llama_engine.py"), "--model", str(smollm2), "--port",
-                           str(engine_port), "--embedding"], log))
+        command = [str(llama_python), str(LLAMA_SERVER), "-m", str(smollm2), "--host", "127.0.0.1",
+                   "--port", str(engine_port), "-t", "1", *shlex.split(EMBEDDING_LLAMA_ARGS)]
+        procs.append(Proc(command, log))
         env = worker_env_for("llama", worker_python, tmp_path / "state", port, reports.url, UNSECURED=None,
                              MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
                              LLAMA_MODEL="smollm2", OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions",
