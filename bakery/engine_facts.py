@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.spec import EXIT_LINE, IMAGES_DIR, EngineSpec, available_engines, load_engine
+from bakery.spec import EXIT_LINE, EngineSpec, available_engines, load_engine
 
 # The variable every engine's model id may also come from, before the engine's own (upstream's name).
 MODEL_NAME_VAR = "MODEL_NAME"
@@ -78,17 +78,17 @@ def facts(spec: EngineSpec) -> EngineFacts:
     )
 
 
-def all_facts(images_dir: Path = IMAGES_DIR) -> dict[str, EngineFacts]:
+def all_facts(images_dir: Path | None = None) -> dict[str, EngineFacts]:
     """Every engine's facts, by name, in name order."""
     return {name: facts(load_engine(name, images_dir)) for name in available_engines(images_dir)}
 
 
-def engine_facts(name: str, images_dir: Path = IMAGES_DIR) -> EngineFacts:
+def engine_facts(name: str, images_dir: Path | None = None) -> EngineFacts:
     """One engine's facts; an unknown name is an InputError listing the valid ones."""
     return facts(load_engine(name, images_dir))
 
 
-def model_id_vars(images_dir: Path = IMAGES_DIR) -> tuple[str, ...]:
+def model_id_vars(images_dir: Path | None = None) -> tuple[str, ...]:
     """Where a worker outside an image looks for the served model id, in order: MODEL_NAME, then each
     engine's model variable (engines in name order, each variable once)."""
     names = [MODEL_NAME_VAR]
@@ -98,7 +98,7 @@ def model_id_vars(images_dir: Path = IMAGES_DIR) -> tuple[str, ...]:
     return tuple(names)
 
 
-def backend_programs(images_dir: Path = IMAGES_DIR) -> dict[str, str]:
+def backend_programs(images_dir: Path | None = None) -> dict[str, str]:
     """Every BACKEND value an image may be launched with -> the engine program it runs (aliases included)."""
     table: dict[str, str] = {}
     for item in all_facts(images_dir).values():
@@ -108,7 +108,7 @@ def backend_programs(images_dir: Path = IMAGES_DIR) -> dict[str, str]:
     return table
 
 
-def backend_aliases(images_dir: Path = IMAGES_DIR) -> dict[str, str]:
+def backend_aliases(images_dir: Path | None = None) -> dict[str, str]:
     """BACKEND aliases -> the engine they mean (today {"openai": "vllm"})."""
     return {alias: item.name for item in all_facts(images_dir).values() for alias in item.aliases}
 

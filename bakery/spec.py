@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -35,6 +36,8 @@ from bakery.secrets import secret_reason, secret_value_reason
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = REPO_ROOT / "images"
+# Where the specs are when no directory is passed: build.py --images-dir hands it to the gate this way.
+IMAGES_DIR_VAR = "BAKERY_IMAGES_DIR"
 
 # The worker's log-grammar variables: lists of lines, baked as JSON arrays.
 LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS")
@@ -241,6 +244,12 @@ class EngineSpec(_Strict):
     notes: dict[StrictStr, StrictStr] = Field(
         default_factory=dict, description="why a baked value differs from upstream, per variable"
     )
+    _path: str | None = PrivateAttr(default=None)  # the file it was read from, as messages show it
+
+    @property
+    def spec_path(self) -> str:
+        """The spec file as messages name it (`images/<name>.yaml` for the repository's own)."""
+        return self._path or f"images/{self.name}.yaml"
 
     @field_validator("name")
     @classmethod
@@ -434,17 +443,32 @@ def load_spec_file(path: Path) -> EngineSpec:
     spec = parse_spec(data, source)
     if spec.name != path.stem:
         raise InputError(f"{source}: name: is {spec.name!r} but the file is {path.name}; make them agree")
+    spec._path = source
     return spec
 
 
-def available_engines(images_dir: Path = IMAGES_DIR) -> list[str]:
-    """Engine names, one per `images/<name>.yaml`."""
-    return sorted(p.stem for p in images_dir.glob("*.yaml"))
+def images_dir(given: Path | None = None) -> Path:
+    """The directory of spec files: `given`, else $BAKERY_IMAGES_DIR, else the repository's images/."""
+    if given is not None:
+        return given
+    from_env = os.environ.get(IMAGES_DIR_VAR, "")
+    return Path(from_env) if from_env else IMAGES_DIR
 
 
-def load_engine(name: str, images_dir: Path = IMAGES_DIR) -> EngineSpec:
-    """Load `images/<name>.yaml`; an unknown name is an InputError listing the valid ones."""
-    engines = available_engines(images_dir)
+def available_engines(directory: Path | None = None) -> list[str]:
+    """Engine names, one per `<name>.yaml` of the images directory; InputError when it does not exist."""
+    directory = images_dir(directory)
+    if not directory.is_dir():
+        raise InputError(f"{display_path(directory)}: the images directory does not exist (--images-dir, "
+                         f"${IMAGES_DIR_VAR})")
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def load_engine(name: str, directory: Path | None = None) -> EngineSpec:
+    """Load `<images dir>/<name>.yaml`; an unknown name is an InputError listing the valid ones."""
+    directory = images_dir(directory)
+    engines = available_engines(directory)
     if name not in engines:
-        raise InputError(f"unknown engine {name!r}: choose one of {', '.join(engines)} (files in images/)")
-    return load_spec_file(images_dir / f"{name}.yaml")
+        choices = f"choose one of {', '.join(engines)}" if engines else "it holds no <engine>.yaml"
+        raise InputError(f"unknown engine {name!r}: {choices} (files in {display_path(directory)}/)")
+    return load_spec_file(directory / f"{name}.yaml")
