@@ -39,14 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bakery.artifacts import cache_dir
 from bakery.errors import BuildError, InputError
+from bakery.paths import BASES_DIR, cache_path
 from bakery.worker_env import XLLAMACPP_VERSION, smollm2_model_path, xllamacpp_wheel_dir
 
 __all__ = ["BASES", "Base", "ensure_base", "image_info", "smollm2_model_path"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BASES_DIR = REPO_ROOT / "bases"
 STANDIN_DIR = BASES_DIR / "standin"
 LLAMA_DIR = BASES_DIR / "llama-cpp"
 
@@ -189,7 +187,7 @@ def _docker() -> Any:
 @contextlib.contextmanager
 def _locked(name: str, say: Progress) -> Iterator[None]:
     """Serialise the making of one base across processes (a file lock in the cache)."""
-    lock_dir = cache_dir() / "locks"
+    lock_dir = cache_path("locks")
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"base-{name}.lock", "w") as handle:
         try:
@@ -421,7 +419,7 @@ def _rm(root: Path, path: Path) -> None:
 
 def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
     """debootstrap Debian into `cache_dir()/rootfs/debian-<suite>-<inputs>` (reused when complete)."""
-    rootfs_dir = cache_dir() / "rootfs"
+    rootfs_dir = cache_path("rootfs")
     rootfs_dir.mkdir(parents=True, exist_ok=True)
     target = rootfs_dir / f"debian-{DEBIAN_SUITE}-{inputs[:12]}"
     done = target / ".bakery-complete"
@@ -434,7 +432,7 @@ def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
         for stale in rootfs_dir.glob(pattern):
             if stale.is_dir():
                 _remove_tree(stale)
-    debs = cache_dir() / "debootstrap-debs"  # downloaded packages, kept: a re-run only unpacks
+    debs = cache_path("debootstrap-debs")  # downloaded packages, kept: a re-run only unpacks
     debs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".debian-{DEBIAN_SUITE}-", dir=rootfs_dir))
     log_path = rootfs_dir / f"debian-{DEBIAN_SUITE}.debootstrap.log"
@@ -621,7 +619,7 @@ def _make_llama(client: Any, base: Base, inputs: str, parent_id: str | None, say
     say(f"llama-cpp: preparing xllamacpp {XLLAMACPP_VERSION} wheel and the SmolLM2 model on the host")
     wheels = xllamacpp_wheel_dir(LLAMA_TARGET_PYTHON, LLAMA_WHEEL_PLATFORM)
     model = smollm2_model_path()
-    build_root = cache_dir() / "build"
+    build_root = cache_path("build")
     build_root.mkdir(parents=True, exist_ok=True)
     context = Path(tempfile.mkdtemp(prefix="llama-cpp-", dir=build_root))
     try:

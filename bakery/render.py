@@ -18,10 +18,9 @@ from bakery import __version__, dockerfile_values
 from bakery.dockerfile_values import Token
 from bakery.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.errors import InputError
-from bakery.spec import LIST_VARS, REPO_ROOT, EngineSpec, display_path
+from bakery.paths import REPO_ROOT, TEMPLATES_DIR
+from bakery.spec import LIST_VARS, EngineSpec, display_path
 from bakery.tracked import tracked_files
-
-TEMPLATES_DIR = REPO_ROOT / "templates"
 
 # The stage that assembles a relocatable Python for bases without one; made here by bakery.bases.
 DEFAULT_RUNTIME_IMAGE = "bakery-local/debian:bookworm"

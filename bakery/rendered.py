@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import BakeryError
+from bakery.paths import RENDERED_DIR
 from bakery.render import render
-from bakery.spec import REPO_ROOT, available_engines, display_path, load_engine
+from bakery.spec import available_engines, display_path, load_engine
 
-RENDERED_DIR = REPO_ROOT / "rendered"
 REGENERATE = "make render (python -m bakery.rendered)"
 # The first line of every committed file: a reviewer and an editor both see it is generated.
 MARK = (f"# GENERATED from images/<engine>.yaml and templates/ for the production base: do not edit; "

@@ -32,10 +32,9 @@ from pydantic import (
 from bakery import dockerfile_values
 from bakery.errors import InputError
 from bakery.image_ref import ReferenceRefused, check_reference
+from bakery.paths import IMAGES_DIR, REPO_ROOT
 from bakery.secrets import secret_reason, secret_value_reason
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-IMAGES_DIR = REPO_ROOT / "images"
 # Where the specs are when no directory is passed: build.py --images-dir hands it to the gate this way.
 IMAGES_DIR_VAR = "BAKERY_IMAGES_DIR"
 

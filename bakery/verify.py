@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.spec import IMAGES_DIR_VAR, REPO_ROOT
+from bakery.paths import GATE_DIR, REPO_ROOT
+from bakery.spec import IMAGES_DIR_VAR
 
-GATE_DIR = REPO_ROOT / "tests" / "image"
 # The gate is exactly these checks; the other files of tests/image/ are tests OF the gate.
 GATE_CHECKS = GATE_DIR / "test_gate.py"
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
