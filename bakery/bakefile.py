@@ -74,7 +74,7 @@ def plan_targets(specs: list[EngineSpec], *, local: bool) -> list[TargetPlan]:
         if local:
             if not spec.base.local:
                 raise InputError(f"{spec.spec_path}: base.local is not set, so --local has no base to use")
-            from bakery.bases import BASES  # names only: no Docker needed to write the file
+            from bakery.base_catalogue import BASES  # names only: no Docker needed to write the file
 
             plans.append(TargetPlan(spec, host_platform(), "local", BASES[spec.base.local].ref))
         else:

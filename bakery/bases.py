@@ -1,4 +1,7 @@
-"""Local base images: the images our builds and tests start FROM, made on this machine.
+"""Local base images: how the images our builds and tests start FROM are made on this machine.
+
+What each base is (name, ref, parent, what it serves) is the catalogue, bakery/base_catalogue.py;
+this module makes them.
 
 This machine (and CI) has a Docker engine but no registry: nothing can be pulled and the engine
 starts with no images. `ensure_base(name)` makes one of the bases below on demand, with no network
@@ -35,18 +38,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bakery.base_catalogue import (  # the catalogue: what each base is (re-exported for callers)
+    BASES,
+    DEBIAN_SUITE,
+    IN_IMAGE_MODEL,
+    LLAMA_DIR,
+    SGLANG_STANDIN_VERSION,
+    STANDIN_DIR,
+    VLLM_STANDIN_VERSION,
+    Base,
+)
 from bakery.errors import BuildError, InputError
-from bakery.paths import BASES_DIR, cache_path
+from bakery.paths import cache_path
 from bakery.worker_env import XLLAMACPP_VERSION, smollm2_model_path, xllamacpp_wheel_dir
 
-__all__ = ["BASES", "Base", "ensure_base", "image_info", "smollm2_model_path"]
-
-STANDIN_DIR = BASES_DIR / "standin"
-LLAMA_DIR = BASES_DIR / "llama-cpp"
+__all__ = ["BASES", "DEBIAN_SUITE", "IN_IMAGE_MODEL", "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "Base",
+           "ensure_base", "image_info", "smollm2_model_path"]
 
 # Namespaced under org.bakery.base.*: images built FROM a base inherit its labels, and there they read
 # correctly ("built on base X, made from inputs Y") without clashing with labels of bakery's products.
@@ -55,7 +65,6 @@ NAME_LABEL = "org.bakery.base.name"
 PARENT_LABEL = "org.bakery.base.parent"
 RECIPE_VERSION = "1"  # bump to force every base to be rebuilt
 
-DEBIAN_SUITE = "bookworm"
 # libgomp1 (OpenMP runtime, 300 kB) is what llama.cpp's CPU build links against; the llama-cpp base
 # cannot apt-get it (no network in builds), so the debian base carries it.
 DEBIAN_PACKAGES = ("python3", "python3-venv", "iproute2", "ca-certificates", "procps", "tini", "libgomp1")
@@ -83,53 +92,10 @@ rm -rf /tmp/purge.log /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debco
 rm -f /.dockerenv
 if ls /usr/bin/python* /usr/local/bin/python* >/dev/null 2>&1; then echo "python is still there"; exit 1; fi
 """
-IN_IMAGE_MODEL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_TARGET_PYTHON = "3.11"  # Debian 12's python3
 LLAMA_WHEEL_PLATFORM = "manylinux2014_x86_64"
 
 Progress = Callable[[str], None]
-
-
-def _standin_versions() -> tuple[str, str]:
-    """The engine versions whose grammar the stand-ins reproduce (bases/standin/bakery_standin)."""
-    text = (STANDIN_DIR / "bakery_standin" / "__init__.py").read_text()
-    found = dict(re.findall(r'^(VLLM_VERSION|SGLANG_VERSION) = "([^"]+)"', text, re.M))
-    return found["VLLM_VERSION"], found["SGLANG_VERSION"]
-
-
-VLLM_STANDIN_VERSION, SGLANG_STANDIN_VERSION = _standin_versions()
-
-
-@dataclass(frozen=True)
-class Base:
-    """One local base: its catalogue name, image ref, parent base (if any) and what it is for."""
-
-    name: str
-    ref: str
-    parent: str | None
-    description: str
-
-
-BASES: dict[str, Base] = {
-    b.name: b
-    for b in (
-        Base("debian", f"bakery-local/debian:{DEBIAN_SUITE}", None,
-             "Debian 12 minbase (debootstrap + docker import) with python3 3.11, python3-venv, "
-             "iproute2 (ss), ca-certificates, procps and tini; docs and apt caches removed."),
-        Base("debian-nopython", f"bakery-local/debian-nopython:{DEBIAN_SUITE}", "debian",
-             "The debian base with every python3 package purged: proves the worker brings its own "
-             "Python onto a base that has none (as llama.cpp's official server image)."),
-        Base("vllm-standin", f"bakery-local/vllm-standin:{VLLM_STANDIN_VERSION}", "debian",
-             "debian + the vLLM STAND-IN (no model, no GPU): `vllm serve M` and "
-             "`python3 -m vllm.entrypoints.openai.api_server`, vLLM's log lines and /health."),
-        Base("sglang-standin", f"bakery-local/sglang-standin:{SGLANG_STANDIN_VERSION}", "debian",
-             "debian + the SGLang STAND-IN (no model, no GPU): `python3 -m sglang.launch_server`, "
-             "SGLang's log lines and /health (503 while starting)."),
-        Base("llama-cpp", f"bakery-local/llama-cpp:{XLLAMACPP_VERSION}", "debian",
-             "debian + a REAL llama.cpp server (xllamacpp in /opt/llama/venv) as /app/llama-server, "
-             f"with the SmolLM2-135M-Instruct Q4_1 model at {IN_IMAGE_MODEL}."),
-    )
-}
 
 
 # ---------------------------------------------------------------------------------------------------

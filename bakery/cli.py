@@ -136,7 +136,7 @@ def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions
 
 def local_base(spec: EngineSpec) -> tuple[str, str]:
     """The image ref of the spec's local base, and where it comes from; InputError when it has none."""
-    from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
+    from bakery.base_catalogue import BASES  # the catalogue only: plain rendering needs no Docker
 
     where = f"{spec.spec_path}: base.local"
     if not spec.base.local:

@@ -139,6 +139,14 @@ def test_gate_launches_the_local_base_with_the_spec_model(engine: str) -> None:
             f"tests/image/launch.py serves {gate_model!r} on {engine}'s local base; " \
             f"images/{engine}.yaml: base.local_model is {facts.local_model!r}"
     assert facts.launch_env() == {facts.model_var: facts.local_model}
+    from bakery.base_catalogue import BASES
+
+    assert facts.local_base in BASES, f"images/{engine}.yaml: base.local {facts.local_base!r} is not in the catalogue"
+    serves = BASES[facts.local_base].serves
+    if serves is not None:  # a base with a model file of its own: the spec must launch that one
+        assert facts.local_model == serves, \
+            f"bakery/base_catalogue.py: {facts.local_base} serves {serves!r}; " \
+            f"images/{engine}.yaml: base.local_model is {facts.local_model!r}"
     assert facts.fail_load_env, f"images/{engine}.yaml: base.local_fail_load gives no launch change"
 
 
