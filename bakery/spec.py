@@ -40,7 +40,7 @@ IMAGES_DIR_VAR = "BAKERY_IMAGES_DIR"
 
 # The worker's log-grammar variables: lists of lines, baked as JSON arrays.
 LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS")
-# What every engine must bake for the shared worker to resolve (REFERENCE.md §2).
+# What every engine must bake for the shared worker to resolve (docs/engines.md, "Upstream's worker").
 REQUIRED_BAKE = ("BACKEND", "MODEL_LOG", *LIST_VARS, "MODEL_HEALTH_ENDPOINT")
 # Other variables the worker reads; a MODEL_* name outside this set is most likely a typo.
 KNOWN_MODEL_VARS = frozenset({*REQUIRED_BAKE, "MODEL_NAME", "MODEL_SERVER_URL"})
