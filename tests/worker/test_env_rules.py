@@ -36,7 +36,7 @@ def settings(**env: str) -> core.Settings:
 
 
 def test_engine_defaults_match_upstream() -> None:
-    """The per-engine defaults are upstream's (REFERENCE.md §2)."""
+    """The per-engine defaults are upstream's (docs/engines.md, "Upstream's worker")."""
     assert (VLLM.engine, VLLM.model_log, VLLM.load_lines) == (
         "vllm", "/var/log/portal/vllm.log", ("Application startup complete.",))
     assert VLLM.error_lines == ("INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):")
