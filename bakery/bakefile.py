@@ -81,8 +81,8 @@ def plan_targets(specs: list[EngineSpec], *, local: bool) -> list[TargetPlan]:
     for spec in specs:
         if local:
             if not spec.base.local:
-                raise InputError(f"images/{spec.name}.yaml: base.local is not set, so --local has no base to use")
-            from bakery.bases import BASES  # names only: no Docker needed to write the file
+                raise InputError(f"{spec.spec_path}: base.local is not set, so --local has no base to use")
+            from bakery.base_catalogue import BASES  # names only: no Docker needed to write the file
 
             plans.append(TargetPlan(spec, host_platform(), "local", BASES[spec.base.local].ref))
         else:
@@ -119,8 +119,10 @@ def bake_definition(plans: list[TargetPlan], *, repository: str, build_args: dic
 
 def write_bake_file(specs: list[EngineSpec], path: Path, *, local: bool = False, repository: str = "bakery",
                     wheelhouse: Callable[[str], Path] | None = None,
-                    build_args: dict[str, str] | None = None, quiet: bool = False) -> Path:
-    """Write the bake file at `path` (must end in .json) and every target's context next to it."""
+                    build_args: dict[str, str] | None = None, quiet: bool = False,
+                    templates_dir: Path | None = None) -> Path:
+    """Write the bake file at `path` (must end in .json) and every target's context next to it;
+    `templates_dir` is searched before the repository's templates/."""
     path = Path(path)
     if path.suffix != ".json":
         raise InputError(f"--bake-file {path}: the bake file is JSON; give it a .json name (e.g. docker-bake.json)")
@@ -139,7 +141,7 @@ def write_bake_file(specs: list[EngineSpec], path: Path, *, local: bool = False,
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     for plan in plans:
-        rendered = render(plan.spec, RenderOptions(base_image=plan.base_image))
+        rendered = render(plan.spec, RenderOptions(base_image=plan.base_image, templates_dir=templates_dir))
         write_context(rendered, directory / plan.context, wheelhouse(plan.platform))
     definition = bake_definition(plans, repository=repository, build_args=build_args)
     path.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")

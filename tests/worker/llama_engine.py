@@ -1,6 +1,6 @@
 """Run the real llama.cpp server (the `xllamacpp` extension) until killed: the llama backend's engine.
 
-    <xllamacpp venv>/bin/python llama_engine.py --model FILE.gguf --port P [--embedding]
+    <xllamacpp venv>/bin/python llama_engine.py --model FILE.gguf --port P
 
 llama.cpp writes its own log lines (`... init: model loaded`, `listening on http://...`, or
 `error loading model` / `failed to load model` for a bad file) to stderr; the test sends them to
@@ -20,7 +20,6 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", default="smollm2")
-    parser.add_argument("--embedding", action="store_true", help="serve /v1/embeddings (mean pooling)")
     args = parser.parse_args()
 
     import xllamacpp  # the engine's own venv, not the worker's
@@ -32,9 +31,6 @@ def main() -> int:
     params.n_ctx = 2048
     params.cpuparams.n_threads = 1
     params.model_alias = {args.alias}
-    if args.embedding:  # llama-server --embedding --pooling mean: OpenAI embeddings need a pooled vector
-        params.embedding = True
-        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     try:
         server = xllamacpp.Server(params)
     except RuntimeError as err:

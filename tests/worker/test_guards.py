@@ -227,7 +227,7 @@ def _signed_with(running: Running, **fields: Any) -> bytes:
 
 
 def test_malformed_envelopes_are_422_json(running: Running) -> None:
-    """Every shape that gives the SDK a 500 with a traceback (REFERENCE.md §1b and more) -> 422 JSON."""
+    """Every shape that gives the SDK a 500 with a traceback (docs/sdk.md and more) -> 422 JSON."""
     bodies = {
         "auth_data null": b'{"auth_data": null, "payload": {}}',
         "bare number": b"5",

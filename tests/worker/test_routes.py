@@ -147,7 +147,8 @@ def test_json_routes_get_a_parser_and_a_calculator_upload_routes_a_payload_class
         assert (spec.request_parser is None, spec.workload is None) == (multipart, multipart)
 
 
-@pytest.mark.parametrize("route", ["/v1/audio/speech", "/v1/embeddings", "/v1/audio/generate", "/v1/chat/completions"])
+@pytest.mark.parametrize("route", ["/v1/audio/speech", "/v1/embeddings", "/v1/audio/generate", "/v1/chat/completions",
+                                   "/v1/completions"])
 def test_input_is_a_field_on_speech_and_embeddings_and_an_envelope_only_when_an_object(route: str) -> None:
     parse = routes.request_parser(route, uploads.UploadLimits())
     body = {"model": "t", "input": "Hi", "voice": "a"}
@@ -173,6 +174,7 @@ def test_the_completion_benchmark_is_as_before() -> None:
     body = routes.benchmark_generator("/v1/completions", inputs(), random.Random(1))()  # noqa: S311
     assert set(body) == {"prompt", "temperature", "max_tokens", "model"}
     assert len(body["prompt"].split()) == 250 and body["max_tokens"] == 500 and body["model"] == "m"
+    assert body["temperature"] == 0.7 and set(body["prompt"].split()) <= set(WORDS)
 
 
 def test_without_a_model_id_the_field_is_left_out() -> None:

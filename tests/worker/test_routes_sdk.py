@@ -1,9 +1,9 @@
 """Every route through the real SDK (vastai 1.9.1, the lean worker venv) and real processes.
 
-The worker runs through tests/worker/routes_worker.py: core.run() with the route table wired in as
-core.py is to wire it. The engine is the project's stand-in (bases/standin) with STANDIN_RECORD, so
-each test sees what the engine received: a base64 upload must arrive as the multipart part it
-should be, and a refused request must not arrive at all.
+The worker runs as an image runs it: worker/start_server.sh, the engine's workers/<engine>/worker.py,
+core.run(). The engine is the project's stand-in (bases/standin) with STANDIN_RECORD, so each test
+sees what the engine received: a base64 upload must arrive as the multipart part it should be, and a
+refused request must not arrive at all.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import wave
 from pathlib import Path
 from typing import Any
@@ -20,26 +21,35 @@ from typing import Any
 import pytest
 
 from tests.worker.helpers import (
-    HERE,
+    REPO,
     SDK_READY,
     WORKER_DIR,
     Proc,
     ReportServer,
+    SigningKey,
     free_port,
     free_port_pair,
+    make_signing_key,
     post_enveloped,
     start_standin,
+    start_worker,
     worker_env_for,
 )
 
-LAUNCHER = HERE / "routes_worker.py"
 ALL_ROUTES = ",".join([
     "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/embeddings", "/v1/rerank",
     "/v1/score", "/v1/audio/speech", "/v1/audio/speech/batch", "/v1/audio/generate",
     "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/generations", "/v1/images/edits",
     "/v1/videos/sync"])
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\r\n" * 16
+# The local llama-cpp base's llama-server (a wrapper over xllamacpp with llama-server's flags) and the
+# LLAMA_ARGS an image launch needs for /v1/embeddings: a causal LM's own pooling is none, which
+# llama.cpp refuses for OpenAI embeddings (400), so mean pooling is asked for.
+LLAMA_SERVER = REPO / "bases" / "llama-cpp" / "llama-server"
+EMBEDDING_LLAMA_ARGS = "--embedding --pooling mean"
 UPLOAD_LIMIT = 600_000  # above the 480 KB benchmark clip, below the oversized upload below
+MIB = 1024 * 1024
+BODY_FOR_UPLOADS = 96 * MIB  # 3/2 of OPENAI_MAX_REQUEST_UPLOAD_BYTES (64 MiB): base64 and the envelope
 
 
 def wav_clip(seconds: float, rate: int = 8000) -> bytes:
@@ -60,16 +70,6 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def start_routes_worker(tmp_path: Path, engine: str, env: dict[str, str], procs: list[Proc]) -> Proc:
-    """The worker with the route table (routes_worker.py), run as start_server.sh runs core."""
-    state = tmp_path / "state"
-    state.mkdir(exist_ok=True)
-    full = {**env, "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = Proc([env["WORKER_PYTHON"], str(LAUNCHER), engine], tmp_path / "worker.out", env=full, cwd=state)
-    procs.append(proc)
-    return proc
-
-
 @pytest.fixture
 def vllm_worker(tmp_path: Path, worker_python: Path, report_server: ReportServer,
                 procs: list[Proc]) -> tuple[int, Path, Proc]:
@@ -85,7 +85,7 @@ def vllm_worker(tmp_path: Path, worker_python: Path, report_server: ReportServer
                          MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", VLLM_MODEL="standin-model",
                          OPENAI_ROUTES=ALL_ROUTES, BENCHMARK_ROUTE="/v1/audio/transcriptions",
                          OPENAI_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT))
-    worker = start_routes_worker(tmp_path, "vllm", env, procs)
+    worker = start_worker(tmp_path, env, procs)
     worker.wait_for(SDK_READY, timeout=90)
     return port, record, worker
 
@@ -97,6 +97,10 @@ def test_an_upload_route_benchmarks_with_real_speech_and_every_route_answers(
     out = worker.text
     assert "bakery-worker: serving: /v1/completions, /v1/chat/completions, /v1/chat/completions/batch" in out
     assert "bakery-worker: benchmarking: /v1/audio/transcriptions. If this model does not serve it" in out
+    # Upload routes served and BAKERY_MAX_BODY_BYTES unset: the body limit carries the upload limit.
+    assert (f"bakery-worker: BAKERY_MAX_BODY_BYTES={BODY_FOR_UPLOADS} (follows "
+            f"OPENAI_MAX_REQUEST_UPLOAD_BYTES={64 * MIB}") in out
+    assert f" max_body={BODY_FOR_UPLOADS}B " in out
     bench = records(record)
     assert len(bench) == 2  # the warm-up, then BENCHMARK_RUNS=1 x BENCHMARK_CONCURRENCY=1
     for entry in bench:
@@ -181,6 +185,10 @@ def test_every_refusal_is_a_422_naming_the_field_and_never_reaches_the_engine(
         ("/v1/videos/sync", {"prompt": "p", "video_reference": {"video_url": "../clip.mp4"}},
          "video_reference.video_url", "never a path"),
     ]
+    # A 20 MiB file is a 26.7 MiB body, over the 16 MiB a text-only worker allows: it reaches the
+    # upload check (422 naming the per-file variable), not the body limit (413).
+    cases.append(("/v1/audio/transcriptions", {"file": b64(b"\0" * 20 * MIB)}, "file",
+                  "larger than 600000 bytes (the limit is OPENAI_MAX_UPLOAD_BYTES)"))
     for route, payload, field, says in cases:
         status, body, _ = post_enveloped(port, route, payload)
         assert status == 422, (route, field, body[:300])
@@ -193,7 +201,8 @@ def test_every_refusal_is_a_422_naming_the_field_and_never_reaches_the_engine(
 def test_workloads_reach_the_autoscaler_in_benchmark_units(vllm_worker: tuple[int, Path, Proc],
                                                            report_server: ReportServer) -> None:
     """BENCHMARK_MAX_TOKENS=8 here, so one benchmark request is 8 units: a chat without max_tokens
-    counts 8 (core.workload counted 0), a huge budget 8x8, an upload of two 30 s windows 2x8."""
+    counts 8 (the worker counted 0 before the route table), a huge budget 8x8, an upload of two 30 s
+    windows 2x8."""
     port, _, _ = vllm_worker
     cases = [
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 8.0),
@@ -219,7 +228,7 @@ def test_sglang_benchmarks_embeddings_and_answers_404_for_what_it_lacks(
     env = worker_env_for("sglang", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
                          MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
                          OPENAI_ROUTES="/v1/embeddings,/v1/audio/speech", BENCHMARK_ROUTE="/v1/embeddings")
-    worker = start_routes_worker(tmp_path, "sglang", env, procs)
+    worker = start_worker(tmp_path, env, procs)
     worker.wait_for(SDK_READY, timeout=90)
     status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": "x"})
     assert status == 200 and len(json.loads(body)["data"][0]["embedding"]) == 16
@@ -232,7 +241,7 @@ def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
         tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc]) -> None:
     env = worker_env_for("vllm", worker_python, tmp_path / "state", free_port_pair(), report_server.url,
                          OPENAI_ROUTES="/v1/embeddings")
-    worker = start_routes_worker(tmp_path, "vllm", env, procs)
+    worker = start_worker(tmp_path, env, procs)
     assert worker.wait_exit() == 2
     assert ("bakery-worker: error: BENCHMARK_ROUTE=/v1/completions is not served: OPENAI_ROUTES leaves it out. "
             "Add /v1/completions to OPENAI_ROUTES") in worker.text
@@ -240,29 +249,43 @@ def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
 
 
 @pytest.mark.slow
-def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them(
-        tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc],
-        llama_python: Path, smollm2: Path) -> None:
-    """The real llama.cpp (`--embedding --pooling mean`), benchmarked on /v1/embeddings."""
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "llama.log"
-    procs.append(Proc([str(llama_python), str(HERE / "llama_engine.py"), "--model", str(smollm2), "--port",
-                       str(engine_port), "--embedding"], log))
-    env = worker_env_for("llama", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", LLAMA_MODEL="smollm2",
-                         OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions", BENCHMARK_ROUTE="/v1/embeddings")
-    worker = start_routes_worker(tmp_path, "llama", env, procs)
-    worker.wait_for(SDK_READY, timeout=180)
-    status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": ["hello world", "goodbye"]})
-    assert status == 200, body[:300]
-    data = json.loads(body)["data"]
-    assert [d["index"] for d in data] == [0, 1]
-    assert len(data[0]["embedding"]) == 576 and data[0]["embedding"] != data[1]["embedding"]  # SmolLM2's width
-    status, body, _ = post_enveloped(port, "/v1/chat/completions",
-                                     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
-    status_report = report_server.wait_status(lambda s: s.get("max_perf", 0) > 0, timeout=30)
-    assert status_report["error_msg"] == ""
+def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them_signed(
+        tmp_path: Path, worker_python: Path, procs: list[Proc], llama_python: Path, smollm2: Path) -> None:
+    """The real llama.cpp started as the llama image starts it (the local base's /app/llama-server,
+    images/llama.yaml's command, then LLAMA_ARGS split), benchmarked on /v1/embeddings, secured:
+    signed requests are served, an unsigned one is 401, and the autoscaler hears the worker is loaded."""
+    key: SigningKey = make_signing_key(worker_python)
+    reports = ReportServer(key.pem)
+    try:
+        engine_port, port = free_port(), free_port_pair()
+        log = tmp_path / "llama.log"
+        command = [str(llama_python), str(LLAMA_SERVER), "-m", str(smollm2), "--host", "127.0.0.1",
+                   "--port", str(engine_port), "-t", "1", *shlex.split(EMBEDDING_LLAMA_ARGS)]
+        procs.append(Proc(command, log))
+        env = worker_env_for("llama", worker_python, tmp_path / "state", port, reports.url, UNSECURED=None,
+                             MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
+                             LLAMA_MODEL="smollm2", OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions",
+                             BENCHMARK_ROUTE="/v1/embeddings")
+        worker = start_worker(tmp_path, env, procs)
+        worker.wait_for(SDK_READY, timeout=180)
+        assert "bakery-worker: serving: /v1/embeddings, /v1/chat/completions" in worker.text
+        assert "bakery-worker: benchmarking: /v1/embeddings." in worker.text
+        status_report = reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0,
+                                            timeout=60)
+        assert status_report["error_msg"] == ""
+        own = f"http://127.0.0.1:{port}"
+        signed = {"signature": key.sign(own), "url": own}
+        status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": ["hello world", "goodbye"]}, auth=signed)
+        assert status == 200, body[:300]
+        data = json.loads(body)["data"]
+        assert [d["index"] for d in data] == [0, 1]
+        assert len(data[0]["embedding"]) == 576 and data[0]["embedding"] != data[1]["embedding"]  # SmolLM2's width
+        status, body, _ = post_enveloped(port, "/v1/chat/completions", auth=signed,
+                                         payload={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
+        assert post_enveloped(port, "/v1/embeddings", {"input": "x"}, auth={"url": own})[0] == 401  # unsigned
+    finally:
+        reports.close()
 
 
 @pytest.mark.slow
