@@ -120,11 +120,10 @@ def normalise(event: bytes) -> Any:
 
 
 def stream_records(record: Path) -> list[dict[str, Any]]:
-    """The stand-in's end-of-stream records (STANDIN_RECORD)."""
+    """The stand-in's end-of-stream records (STANDIN_STREAM_RECORD)."""
     if not record.exists():
         return []
-    lines = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
-    return [line for line in lines if "stream" in line]
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
 
 
 def wait_records(record: Path, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:

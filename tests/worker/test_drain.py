@@ -92,7 +92,7 @@ def stepped_engine(tmp_path: Path, procs: list[Proc]) -> tuple[int, Path, Path, 
     """The vLLM stand-in in step mode: (port, log, step dir, record)."""
     steps, record = tmp_path / "steps", tmp_path / "record.jsonl"
     steps.mkdir()
-    port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps), STANDIN_RECORD=str(record),
+    port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
                               STANDIN_REPLY_TOKENS=str(TOKENS))
     return port, log, steps, record
 
@@ -194,7 +194,7 @@ def test_the_entry_point_drains_the_worker_then_stops_the_engine(run_dir: Path, 
     engine_port, port = free_port(), free_port_pair()
     reports = ReportServer(pubkey_pem)
     env = boot_env(run_dir, worker_python, engine_port, port, reports.url, STANDIN_STEP_DIR=str(steps),
-                   STANDIN_RECORD=str(record), STANDIN_REPLY_TOKENS=str(TOKENS))
+                   STANDIN_STREAM_RECORD=str(record), STANDIN_REPLY_TOKENS=str(TOKENS))
     boot = Proc([str(worker_python), str(ENTRYPOINT)], run_dir / "out", env=env)
     try:
         reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=90)

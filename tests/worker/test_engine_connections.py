@@ -32,7 +32,7 @@ def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(
     reports = ReportServer(pubkey_pem)
     try:
         engine_port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps),
-                                         STANDIN_RECORD=str(record), STANDIN_REPLY_TOKENS="20")
+                                         STANDIN_STREAM_RECORD=str(record), STANDIN_REPLY_TOKENS="20")
         served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log)
         route = "/v1/chat/completions"
         before = len(engine_ports(log, route))

@@ -71,7 +71,7 @@ def payload(route: str, prompt: str, tokens: int = TOKENS) -> dict[str, Any]:
 def start_stepped(engine: str, tmp: Path, procs: list[Proc], reports: ReportServer, worker_python: Path) -> Stepped:
     steps, record = tmp / "steps", tmp / "record.jsonl"
     steps.mkdir()
-    engine_port, log = start_standin(engine, tmp, procs, STANDIN_STEP_DIR=str(steps), STANDIN_RECORD=str(record),
+    engine_port, log = start_standin(engine, tmp, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
                                      STANDIN_REPLY_TOKENS="40")
     backend = "sglang" if engine == "sglang" else "vllm"
     return Stepped(start_served(backend, tmp, procs, reports, worker_python, engine_port, log), steps, record)

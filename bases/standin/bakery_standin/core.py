@@ -92,9 +92,9 @@ class Options:
                               max_tokens truncates it with finish_reason "length".
     STANDIN_RECORD            a file: one JSON line appended per POST the stand-in serves (its
                               path, JSON body or form fields, and each uploaded part's field name,
-                              filename, content type, size and sha256), so tests can see what arrived;
-                              and one line per streamed answer when it ends: {"stream": path,
-                              "events": n written, "outcome": "complete" or the write's error}.
+                              filename, content type, size and sha256), so tests can see what arrived.
+    STANDIN_STREAM_RECORD     a file: one JSON line per streamed answer when it ends: {"stream": path,
+                              "events": n written, "outcome": "complete" or the failed write's error}.
     STANDIN_STEP_DIR          a directory: streamed answers wait for the test between events
                               (bakery_standin/steps.py); one stream at a time.
     """
@@ -108,6 +108,7 @@ class Options:
     token_delay: float = 0.0
     reply_tokens: int = 12
     record: str = ""
+    stream_record: str = ""
     step_dir: str = ""
 
     @classmethod
@@ -133,6 +134,7 @@ class Options:
             token_delay=_env_float(env, "STANDIN_TOKEN_DELAY", 0.0) or 0.0,
             reply_tokens=int(raw_tokens),
             record=env.get("STANDIN_RECORD", "").strip(),
+            stream_record=env.get("STANDIN_STREAM_RECORD", "").strip(),
             step_dir=_env_dir(env, "STANDIN_STEP_DIR"),
         )
 
@@ -714,7 +716,7 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
 
 def _stream(h: Handler, events: list[tuple[Any, bool]]) -> None:
     """Write `events` as SSE (the token delay before each marked one; in step mode the test's release
-    before every event after the first) and record how the stream ended (STANDIN_RECORD)."""
+    before every event after the first) and record how the stream ended (STANDIN_STREAM_RECORD)."""
     opts = h.server.opts
     steps = Steps(opts.step_dir) if opts.step_dir else None
     written, outcome = 0, "complete"
@@ -734,9 +736,9 @@ def _stream(h: Handler, events: list[tuple[Any, bool]]) -> None:
     except OSError as exc:  # the client (the worker) closed the connection: generation stops here
         outcome = type(exc).__name__
         h.close_connection = True
-    if opts.record:
+    if opts.stream_record:
         line = json.dumps({"stream": h.path, "events": written, "outcome": outcome}) + "\n"
-        with _record_lock, open(opts.record, "a", encoding="utf-8") as out:
+        with _record_lock, open(opts.stream_record, "a", encoding="utf-8") as out:
             out.write(line)
 
 
