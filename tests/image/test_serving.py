@@ -3,7 +3,7 @@ a request sent after the signal gets 503, and the stop ends inside Docker's defa
 
 Uses the launch helpers as they are (an UNSECURED serverless launch); the client talks to the
 container's own address on Docker's bridge, from the host. The long answer: the stand-ins stream
-with a per-token delay (STANDIN_TOKEN_DELAY), the real llama.cpp generates 150 tokens ignoring EOS.
+with a per-token delay (STANDIN_TOKEN_DELAY), the real llama.cpp generates 64 tokens ignoring EOS.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tests.image.launch import Launched, serverless_env
 DOCKER_GRACE = 10  # `docker stop`'s default
 READY_TIMEOUT = 300
 ROUTE = "/v1/chat/completions"
+LLAMA_TOKENS = 64
 
 
 def _address(launched: Launched) -> str:
@@ -36,7 +37,8 @@ def _long_answer(engine: str) -> tuple[dict, dict[str, str]]:
     payload = {"messages": [{"role": "user", "content": "Tell a long story."}], "stream": True,
                "stream_options": {"include_usage": True}}
     if engine == "llama":
-        return {**payload, "max_tokens": 150, "ignore_eos": True}, {}
+        # Long enough to be in flight at the stop, short enough to end inside the 8 s drain on a busy CPU.
+        return {**payload, "max_tokens": LLAMA_TOKENS, "ignore_eos": True}, {}
     return payload, {"STANDIN_TOKEN_DELAY": "0.1", "STANDIN_REPLY_TOKENS": "50"}
 
 
@@ -76,7 +78,7 @@ def test_docker_stop_drains_the_request_in_flight(image: ImageUnderTest, contain
     events = [e for e in (first + rest).split(b"\n\n") if e.strip()]
     assert events[-1].strip() == b"data: [DONE]", events[-3:]
     usage = json.loads(events[-2].strip()[len(b"data: "):])
-    assert usage["usage"]["completion_tokens"] == (150 if image.engine == "llama" else 50), usage
+    assert usage["usage"]["completion_tokens"] == (LLAMA_TOKENS if image.engine == "llama" else 50), usage
     assert launched.exit_code() == 0, launched.logs()[-3000:]
     assert stop["seconds"] < DOCKER_GRACE, stop  # no SIGKILL: the drain and the engine's stop fit the grace
     logs = launched.logs()
