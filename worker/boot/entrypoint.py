@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import shlex
@@ -40,6 +41,8 @@ RESERVED_PROGRAMS = {"worker", "bakery-watch"}
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # BACKEND=openai is the upstream alias of vllm; the engine program is named after the real engine.
 ALIASES = {"openai": "vllm"}
+DEFAULT_DRAIN = 8.0  # workers/openai/drain.py's default, for a caller that does not pass one
+WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before supervisord kills it
 
 
 class BootError(Exception):
@@ -166,8 +169,27 @@ def _ini_path(path: Path | str) -> str:
     return text
 
 
-def supervisor_config(engine: str, serverless: bool) -> str:
-    """The supervisord configuration for this boot: fixed commands, our paths, strict program names."""
+def drain_seconds() -> float:
+    """BAKERY_DRAIN_TIMEOUT, read by the worker's own rule (workers/openai/drain.py): the worker's
+    stopwaitsecs must cover it."""
+    if str(WORKER_DIR) not in sys.path:
+        sys.path.insert(0, str(WORKER_DIR))
+    from workers.openai import drain
+
+    seconds, errors = drain.load({drain.DRAIN_VAR: single_line(drain.DRAIN_VAR, os.environ.get(drain.DRAIN_VAR, ""))})
+    if errors:
+        raise BootError(errors[0])
+    return seconds
+
+
+def supervisor_config(engine: str, serverless: bool, drain: float = DEFAULT_DRAIN) -> str:
+    """The supervisord configuration for this boot: fixed commands, our paths, strict program names.
+
+    Stop order: supervisord stops programs in reverse priority order, each to its end before the
+    next, so on SIGTERM the worker (priority 200) stops first, draining its requests in flight for up
+    to `drain` seconds (its stopwaitsecs leaves 2 s more before a SIGKILL), and the engine (priority
+    100) is stopped only after that, while no request needs it any more.
+    """
     if not PROGRAM_NAME.match(engine) or engine in RESERVED_PROGRAMS:
         raise BootError(f"{engine!r} is not a valid engine program name")
     python = _ini_path(VENV_PYTHON)
@@ -183,6 +205,7 @@ redirect_stderr=true
 autorestart=false
 startsecs=0
 startretries=0
+priority=100
 stopwaitsecs=30
 """
     worker = f"""
@@ -194,7 +217,8 @@ redirect_stderr=true
 autorestart=false
 startsecs=0
 startretries=0
-stopwaitsecs=15
+priority=200
+stopwaitsecs={math.ceil(drain) + WORKER_STOP_MARGIN}
 """
     return f"""[supervisord]
 nodaemon=true
@@ -255,7 +279,7 @@ def main() -> int:
         engine = engine_name(backend())
         log = model_log(engine)
         argv = engine_argv()
-        config_text = supervisor_config(engine, serverless)
+        config_text = supervisor_config(engine, serverless, drain_seconds() if serverless else DEFAULT_DRAIN)
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         lock = open(RUN_DIR / "entrypoint.lock", "w")  # noqa: SIM115 - held for the process lifetime
         try:

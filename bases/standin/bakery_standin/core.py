@@ -28,6 +28,8 @@ from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
+from bakery_standin.steps import Steps
+
 # ---------------------------------------------------------------------------------------------------
 # Output: every line is written whole and flushed at once (engine logs are tailed by the worker).
 
@@ -63,6 +65,13 @@ def _env_float(env: dict[str, str], name: str, default: float | None) -> float |
     return value
 
 
+def _env_dir(env: dict[str, str], name: str) -> str:
+    raw = env.get(name, "").strip()
+    if raw and not os.path.isdir(raw):
+        raise UsageError(f"{name} must be an existing directory, got {raw!r}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Options:
     """The stand-in's switches, read from the environment (all optional).
@@ -84,6 +93,10 @@ class Options:
     STANDIN_RECORD            a file: one JSON line appended per POST the stand-in serves (its
                               path, JSON body or form fields, and each uploaded part's field name,
                               filename, content type, size and sha256), so tests can see what arrived.
+    STANDIN_STREAM_RECORD     a file: one JSON line per streamed answer when it ends: {"stream": path,
+                              "events": n written, "outcome": "complete" or the failed write's error}.
+    STANDIN_STEP_DIR          a directory: streamed answers wait for the test between events
+                              (bakery_standin/steps.py); one stream at a time.
     """
 
     load_seconds: float = 2.0
@@ -95,6 +108,8 @@ class Options:
     token_delay: float = 0.0
     reply_tokens: int = 12
     record: str = ""
+    stream_record: str = ""
+    step_dir: str = ""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, warmup_default: float = 0.0) -> Options:
@@ -119,6 +134,8 @@ class Options:
             token_delay=_env_float(env, "STANDIN_TOKEN_DELAY", 0.0) or 0.0,
             reply_tokens=int(raw_tokens),
             record=env.get("STANDIN_RECORD", "").strip(),
+            stream_record=env.get("STANDIN_STREAM_RECORD", "").strip(),
+            step_dir=_env_dir(env, "STANDIN_STEP_DIR"),
         )
 
 
@@ -456,6 +473,9 @@ class EngineProfile:
 class StandinServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # uvicorn's listen backlog (socketserver's default is 5: 16 clients connecting at once overflow it
+    # and some wait for a SYN retransmit, a stall the real engines do not have).
+    request_queue_size = 2048
 
     def __init__(self, profile: EngineProfile, cfg: ServeConfig, opts: Options, state: State) -> None:
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
@@ -680,21 +700,46 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
             return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
         return {"index": i, "text": piece or "", "logprobs": None, "finish_reason": reason}
 
+    # (event, whether the token delay comes before it): one delay per generated token step.
+    events: list[tuple[Any, bool]] = []
     if kind == "chat":
-        for i in range(n):
-            h.sse({**head, "choices": [choice(i, "", None, role=True)]})
+        events += [({**head, "choices": [choice(i, "", None, role=True)]}, False) for i in range(n)]
     for step in range(count):
-        if opts.token_delay:
-            time.sleep(opts.token_delay)
-        for i, tokens in enumerate(choices):
-            h.sse({**head, "choices": [choice(i, tokens[step], None)]})
-    for i in range(n):
-        h.sse({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]})
+        events += [({**head, "choices": [choice(i, tokens[step], None)]}, i == 0) for i, tokens in enumerate(choices)]
+    events += [({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False) for i in range(n)]
     options = body.get("stream_options") or {}
     if isinstance(options, dict) and options.get("include_usage"):
-        h.sse({**head, "choices": [], "usage": usage})
-    h.sse("[DONE]")
-    h.chunk(b"")
+        events.append(({**head, "choices": [], "usage": usage}, False))
+    events.append(("[DONE]", False))
+    _stream(h, events)
+
+
+def _stream(h: Handler, events: list[tuple[Any, bool]]) -> None:
+    """Write `events` as SSE (the token delay before each marked one; in step mode the test's release
+    before every event after the first) and record how the stream ended (STANDIN_STREAM_RECORD)."""
+    opts = h.server.opts
+    steps = Steps(opts.step_dir) if opts.step_dir else None
+    written, outcome = 0, "complete"
+    try:
+        for event, delayed in events:
+            if steps is not None and written and not steps.wait(written):
+                outcome = "step timeout"
+                break
+            if delayed and opts.token_delay:
+                time.sleep(opts.token_delay)
+            h.sse(event)
+            written += 1
+            if steps is not None:
+                steps.wrote(written)
+        if outcome == "complete":
+            h.chunk(b"")
+    except OSError as exc:  # the client (the worker) closed the connection: generation stops here
+        outcome = type(exc).__name__
+        h.close_connection = True
+    if opts.stream_record:
+        line = json.dumps({"stream": h.path, "events": written, "outcome": outcome}) + "\n"
+        with _record_lock, open(opts.stream_record, "a", encoding="utf-8") as out:
+            out.write(line)
 
 
 def _completions(h: Handler, body: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import guards, routes, uploads
+from workers.openai import drain, guards, routes, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -711,6 +711,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     try:
         settings = load_settings(defaults, env)
         limits, errors = guards.load_limits(env)
+        drain_seconds, drain_errors = drain.load(env)
+        errors += drain_errors
         if errors:
             raise ConfigError(errors)
     except ConfigError as exc:
@@ -747,11 +749,13 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
         _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
     try:
-        guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
-                       report_addr=env.get("REPORT_ADDR", "").strip())
+        ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
+                             report_addr=env.get("REPORT_ADDR", "").strip())
+        serving.install(ctx, drain_seconds, limits.retry_after)  # stream release, prompt report, drain
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
+    _say(drain.describe(drain_seconds))
     for line in limit_notes:
         _say(f"bakery-worker: {line}")
     if settings.unsecured:

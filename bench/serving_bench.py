@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Serving under real traffic (issue 14): what users of the worker on :3000 feel, measured on this host.
+
+    python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20]
+
+PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report.
+
+- stream_llama: the real llama.cpp (xllamacpp, SmolLM2, 1 thread), 150 tokens streamed (greedy,
+  ignore_eos), N requests straight to the engine and N through the worker, alternating. Time to first
+  token added (p50 of worker minus p50 of direct), gap between tokens added (same), whole answer ratio.
+- stream_standin: the vLLM stand-in at 20 ms per token, 50 tokens, 16 concurrent streams, N rounds each.
+- latency: the stand-in answering in 50 ms (10 tokens x 5 ms, not streamed), 16 concurrent clients in a
+  closed loop for 5 s: throughput through the worker / direct, p50 added.
+- drain: N stops (--drain-stops, default 20): a fresh worker, 4 streamed answers in flight (1 s each),
+  SIGTERM, one request after the signal; lost = an answer in flight that did not end with [DONE].
+- report: in each drain cycle, from the engine's load line (appended to MODEL_LOG once the worker
+  listens, the engine already serving) to the SDK's "marking model as loaded" line and to the first
+  /worker_status/ report with loadtime > 0 and max_perf > 0 at a report server on loopback.
+
+Before each part the share of idle CPU over 1 s is printed: this machine's 2 cores are shared, so a
+low share marks figures as provisional. Nothing is asserted; it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bakery import worker_env  # noqa: E402
+from tests.worker.helpers import (  # noqa: E402
+    SDK_READY,
+    Proc,
+    ReportServer,
+    free_port,
+    free_port_pair,
+    start_llama,
+    start_worker,
+    worker_env_for,
+)
+from tests.worker.serving import envelope, start_served, start_standin  # noqa: E402
+
+PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report")
+PER_TOKEN_20MS = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": "50"}  # a 1 s streamed answer
+ANSWER_50MS = {"STANDIN_TOKEN_DELAY": "0.005", "STANDIN_REPLY_TOKENS": "10"}  # 50 ms, not streamed
+LOAD_LINE = "(APIServer pid=1) INFO:     Application startup complete.\n"  # the vLLM stand-in's ready line
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def cpu_idle(seconds: float = 1.0) -> float:
+    """Share of the machine's CPU time that was idle over the next `seconds` (from /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields)
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- one streamed answer
+
+
+@dataclass
+class Timing:
+    """One streamed answer: first token, gaps between token events, whole answer (seconds)."""
+
+    ttft: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    total: float = 0.0
+    done: bool = False
+    status: int = 0
+    error: str = ""
+
+
+def stream_once(port: int, path: str, body: bytes) -> Timing:
+    """Send `body`, read the SSE answer event by event, time it."""
+    timing = Timing()
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        return _read_stream(conn, path, body, timing, start)
+    except OSError as exc:  # counted as an answer without [DONE]; named in the output
+        timing.error = type(exc).__name__
+        return timing
+    finally:
+        conn.close()
+
+
+def _read_stream(conn: http.client.HTTPConnection, path: str, body: bytes, timing: Timing, start: float) -> Timing:
+    """Send `body` on `conn` and time the SSE answer into `timing`."""
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    timing.status = response.status
+    last = None
+    while line := response.readline():
+        if not line.startswith(b"data: "):
+            continue
+        now = time.perf_counter()
+        if line.strip() == b"data: [DONE]":
+            timing.done = True
+            continue
+        event = json.loads(line[6:])
+        choices = event.get("choices") or []
+        piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") if choices else None
+        if not piece:
+            continue
+        if last is None:
+            timing.ttft = now - start
+        else:
+            timing.gaps.append(now - last)
+        last = now
+    timing.total = time.perf_counter() - start
+    return timing
+
+
+def compare_streams(label: str, direct: list[Timing], ours: list[Timing]) -> None:
+    """Print the added first-token time, added gap and whole-answer ratio (p50s of complete answers)."""
+    for side, timings in (("direct", direct), ("worker", ours)):
+        bad = [t.error or str(t.status) for t in timings if t.status != 200 or not t.done]
+        if bad:
+            say(f"    {side}: {len(bad)} answer(s) without 200 + [DONE], left out: {', '.join(sorted(set(bad)))}")
+    direct = [t for t in direct if t.done]
+    ours = [t for t in ours if t.done]
+    d_gaps = [g for t in direct for g in t.gaps]
+    o_gaps = [g for t in ours for g in t.gaps]
+    d_ttft, o_ttft = p50([t.ttft for t in direct]), p50([t.ttft for t in ours])
+    d_total, o_total = p50([t.total for t in direct]), p50([t.total for t in ours])
+    say(f"  {label}: {len(direct)} / {len(ours)} complete answers direct / through the worker")
+    say(f"    time to first token p50: direct {d_ttft * 1000:.1f} ms, worker {o_ttft * 1000:.1f} ms, "
+        f"added {(o_ttft - d_ttft) * 1000:+.2f} ms")
+    say(f"    gap between tokens p50: direct {p50(d_gaps) * 1000:.2f} ms, worker {p50(o_gaps) * 1000:.2f} ms, "
+        f"added {(p50(o_gaps) - p50(d_gaps)) * 1000:+.3f} ms")
+    say(f"    whole answer p50: direct {d_total:.3f} s, worker {o_total:.3f} s, ratio {o_total / d_total:.3f}x")
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def part_stream_llama(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
+    procs: list[Proc] = []
+    reports = ReportServer(pubkey)
+    try:
+        engine_port, log = free_port(), tmp / "llama.log"
+        start_llama(worker_env.xllamacpp_python(), worker_env.smollm2_model_path(), engine_port, log, procs)
+        served = start_served("llama", tmp, procs, reports, worker_python, engine_port, log, MODEL_NAME="smollm2")
+        payload = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 150, "ignore_eos": True,
+                   "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        raw = json.dumps(payload).encode()
+        direct, ours = [], []
+        stream_once(engine_port, "/v1/completions", raw)  # warm the prompt cache for both sides alike
+        for i in range(runs):
+            order = [("d", engine_port, raw), ("w", served.port, envelope(payload, i + 1))]
+            for kind, port, body in order if i % 2 == 0 else order[::-1]:
+                (direct if kind == "d" else ours).append(stream_once(port, "/v1/completions", body))
+        compare_streams("real llama.cpp, 150 tokens, one stream at a time", direct, ours)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        reports.close()
+
+
+def concurrent(port: int, body: bytes, clients: int) -> list[Timing]:
+    out: list[Timing] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        timing = stream_once(port, "/v1/completions", body)
+        with lock:
+            out.append(timing)
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+def part_stream_standin(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
+    procs: list[Proc] = []
+    reports = ReportServer(pubkey)
+    try:
+        engine_port, log = start_standin("vllm", tmp, procs, **PER_TOKEN_20MS)
+        served = start_served("vllm", tmp, procs, reports, worker_python, engine_port, log)
+        payload = {"model": "standin-model", "prompt": "stream", "stream": True}
+        direct, ours = [], []
+        for i in range(runs):
+            first = i % 2 == 0
+            for kind in ("d", "w") if first else ("w", "d"):
+                if kind == "d":
+                    direct += concurrent(engine_port, json.dumps(payload).encode(), 16)
+                else:
+                    ours += concurrent(served.port, envelope(payload, i + 1), 16)
+        compare_streams("stand-in, 20 ms per token, 50 tokens, 16 concurrent streams", direct, ours)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        reports.close()
+
+
+def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[float, list[float]]:
+    """`clients` threads sending `body` back to back for `seconds`; (requests/s, latencies)."""
+    latencies: list[float] = []
+    errors: list[int] = []
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def loop() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        mine = []
+        while time.perf_counter() < stop:
+            start = time.perf_counter()
+            try:
+                conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+            except OSError:  # a reset keep-alive connection: counted, then a new one
+                errors.append(1)
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                continue
+            if response.status == 200:
+                mine.append(time.perf_counter() - start)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        say(f"    port {port}: {len(errors)} connection error(s) (reset), retried on a new connection")
+    return len(latencies) / (time.perf_counter() - began), latencies
+
+
+def part_latency(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
+    procs: list[Proc] = []
+    reports = ReportServer(pubkey)
+    try:
+        engine_port, log = start_standin("vllm", tmp, procs, **ANSWER_50MS)
+        served = start_served("vllm", tmp, procs, reports, worker_python, engine_port, log)
+        payload = {"model": "standin-model", "prompt": "fifty ms"}
+        ratios, added = [], []
+        for i in range(runs):
+            direct = closed_loop(engine_port, json.dumps(payload).encode(), 16, 5.0)
+            ours = closed_loop(served.port, envelope(payload, i + 1), 16, 5.0)
+            ratios.append(ours[0] / direct[0])
+            added.append(p50(ours[1]) - p50(direct[1]))
+            say(f"    round {i + 1}: direct {direct[0]:.1f} req/s p50 {p50(direct[1]) * 1000:.1f} ms; worker "
+                f"{ours[0]:.1f} req/s p50 {p50(ours[1]) * 1000:.1f} ms")
+        say(f"  engine answering in 50 ms, 16 concurrent: throughput worker/direct p50 {p50(ratios):.3f}x "
+            f"(min {min(ratios):.3f}), p50 added {p50(added) * 1000:+.2f} ms")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        reports.close()
+
+
+def held_answer(port: int, body: bytes, started: threading.Barrier, results: list[Timing]) -> None:
+    """A streamed answer that is in flight when `started` opens; appends whether it ended with [DONE]."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    timing = Timing()
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        timing.status = response.status
+        response.readline()
+        started.wait(10)
+        timing.done = response.read().rstrip().endswith(b"data: [DONE]")
+    except Exception:  # noqa: BLE001 - a cut answer is a lost one
+        timing.done = False
+    finally:
+        conn.close()
+    results.append(timing)  # list.append is atomic under the GIL
+
+
+def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: bool) -> None:
+    """`stops` cycles of: fresh worker, (the load line -> loaded report), 4 answers in flight, SIGTERM."""
+    procs: list[Proc] = []
+    lost = in_flight = refused = 0
+    to_ready, to_report = [], []
+    try:
+        engine_port, _ = start_standin("vllm", tmp, procs, **PER_TOKEN_20MS)
+        time.sleep(1.0)
+        payload = {"model": "standin-model", "prompt": "drain", "stream": True}
+        for cycle in range(stops):
+            cycle_dir = tmp / f"cycle{cycle}"
+            cycle_dir.mkdir()
+            log = cycle_dir / "model.log"
+            log.write_text("")
+            reports = ReportServer(pubkey)
+            port = free_port_pair()
+            env = worker_env_for("vllm", worker_python, cycle_dir / "state", port, reports.url, MODEL_LOG=str(log),
+                                 MODEL_NAME="standin-model", MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}")
+            worker = start_worker(cycle_dir, env, [])
+            try:
+                worker.wait_for("HTTP servers started", timeout=60)
+                t0 = time.perf_counter()
+                with open(log, "a") as out:
+                    out.write(LOAD_LINE)
+                ready = reported = None
+                deadline = t0 + 60
+                while (ready is None or reported is None) and time.perf_counter() < deadline:
+                    if ready is None and SDK_READY in worker.text:
+                        ready = time.perf_counter() - t0
+                    if reported is None and any(s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0
+                                                for s in reports.statuses()):
+                        reported = time.perf_counter() - t0
+                    time.sleep(0.01)
+                if ready is not None:
+                    to_ready.append(ready)
+                if reported is not None:
+                    to_report.append(reported)
+                results: list[Timing] = []
+                started = threading.Barrier(5)
+                threads = [threading.Thread(target=held_answer, args=(port, envelope(payload, i + 1), started, results))
+                           for i in range(4)]
+                for thread in threads:
+                    thread.start()
+                started.wait(30)
+                os.kill(worker.popen.pid, signal.SIGTERM)
+                worker.wait_for("draining", timeout=10)
+                late = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                late.request("POST", "/v1/completions", body=envelope({"prompt": "late"}, 99),
+                             headers={"Content-Type": "application/json"})
+                refused += late.getresponse().status == 503
+                late.close()
+                for thread in threads:
+                    thread.join(30)
+                worker.wait_exit(20)
+                in_flight += len(threads)
+                lost += sum(1 for t in results if t.status != 200 or not t.done) + len(threads) - len(results)
+            finally:
+                worker.stop()
+                reports.close()
+        say(f"  drain: {lost} of {in_flight} answers in flight lost across {stops} stops; "
+            f"{refused}/{stops} requests sent after the signal got 503")
+        if report:
+            say(f"  engine load line -> worker ready (SDK line) p50 {p50(to_ready):.2f} s "
+                f"(min {min(to_ready):.2f}, max {max(to_ready):.2f}); -> loaded status report p50 "
+                f"{p50(to_report):.2f} s (min {min(to_report):.2f}, max {max(to_report):.2f}), {len(to_report)} runs")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(PARTS))
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--drain-stops", type=int, default=20)
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        print(f"serving_bench: unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}",
+              file=sys.stderr)
+        return 2
+    worker_python = worker_env.host_worker_venv() / "bin" / "python"
+    import subprocess
+
+    code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
+    pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="bk-serve-bench-") as root:
+        for part in parts:
+            if part == "report" and "drain" in parts:
+                continue  # measured inside the drain cycles
+            tmp = Path(root) / part
+            tmp.mkdir()
+            say(f"{part}: idle CPU share before: {cpu_idle():.0%} (load average {os.getloadavg()[0]:.2f})")
+            if part == "stream_llama":
+                part_stream_llama(tmp, args.runs, worker_python, pubkey)
+            elif part == "stream_standin":
+                part_stream_standin(tmp, args.runs, worker_python, pubkey)
+            elif part == "latency":
+                part_latency(tmp, args.runs, worker_python, pubkey)
+            elif part in ("drain", "report"):
+                part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
+                           report="report" in parts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

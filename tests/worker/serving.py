@@ -1,0 +1,137 @@
+"""Helpers for the serving tests (streaming, drain): a stand-in with switches, a worker in front of it,
+and a client that reads a streamed answer one SSE event at a time."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.worker.helpers import (
+    SDK_READY,
+    STANDIN,
+    Proc,
+    ReportServer,
+    free_port,
+    free_port_pair,
+    start_worker,
+    worker_env_for,
+)
+
+MODEL = "standin-model"
+
+
+def start_standin(engine: str, tmp: Path, procs: list[Proc], **switches: str) -> tuple[int, Path]:
+    """The vLLM or SGLang stand-in on a free loopback port with STANDIN_* `switches`; (port, log)."""
+    port, log = free_port(), tmp / f"{engine}.log"
+    args = ["vllm", "serve", MODEL] if engine == "vllm" else ["sglang", "--model-path", MODEL]
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0.3", "STANDIN_WARMUP_SECONDS": "0.3", **switches}
+    procs.append(Proc([sys.executable, str(STANDIN), *args, "--host", "127.0.0.1", "--port", str(port)], log,
+                      env=env))
+    return port, log
+
+
+@dataclass
+class Served:
+    """A worker (UNSECURED) in front of an engine, loaded and reported."""
+
+    port: int
+    engine_port: int
+    worker: Proc
+    reports: ReportServer
+
+
+def start_served(backend: str, tmp: Path, procs: list[Proc], reports: ReportServer, worker_python: Path,
+                 engine_port: int, log: Path, **env: str | None) -> Served:
+    """Start the worker for `backend` in front of the engine on `engine_port`; wait until it is loaded."""
+    port = free_port_pair()
+    settings: dict[str, str | None] = {"MODEL_LOG": str(log), "MODEL_NAME": MODEL,
+                                       "MODEL_SERVER_URL": f"http://127.0.0.1:{engine_port}", **env}
+    worker = start_worker(tmp, worker_env_for(backend, worker_python, tmp / "state", port, reports.url, **settings),
+                          procs)
+    worker.wait_for(SDK_READY, timeout=90)
+    reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=60)
+    return Served(port, engine_port, worker, reports)
+
+
+def envelope(payload: dict[str, Any], idx: int = 1) -> bytes:
+    """The SDK's envelope around `payload` (UNSECURED: the signature is not checked)."""
+    auth = {"cost": "8", "endpoint": "test", "reqnum": idx, "request_idx": idx, "signature": "", "url": "x"}
+    return json.dumps({"auth_data": auth, "payload": payload}).encode()
+
+
+class EventStream:
+    """One streamed POST; `next_event()` returns each SSE event's bytes (`data: ...\\n\\n`) as it arrives."""
+
+    def __init__(self, port: int, path: str, body: bytes, timeout: float = 60.0) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.headers = {k.lower(): v for k, v in self.response.getheaders()}
+
+    def next_event(self) -> bytes:
+        """The next event (b"" at the end of the body)."""
+        lines = []
+        while True:
+            line = self.response.readline()
+            if not line:
+                return b"".join(lines)
+            lines.append(line)
+            if line in (b"\n", b"\r\n"):
+                return b"".join(lines)
+
+    def rest(self) -> bytes:
+        """Everything left of the body."""
+        return self.response.read()
+
+    def close(self) -> None:
+        """Drop the connection (a client that goes away)."""
+        self.conn.sock and self.conn.sock.close()  # type: ignore[func-returns-value]
+        self.conn.close()
+
+
+def direct_events(port: int, path: str, payload: dict[str, Any]) -> list[bytes]:
+    """The events of `payload` streamed straight from the engine on `port` (no worker)."""
+    stream = EventStream(port, path, json.dumps(payload).encode())
+    events = []
+    while event := stream.next_event():
+        events.append(event)
+    stream.close()
+    return events
+
+
+def normalise(event: bytes) -> Any:
+    """An event with its per-answer fields (id, created) removed, for comparing two answers."""
+    text = event.decode().strip()
+    assert text.startswith("data: "), event
+    data = text[len("data: "):]
+    if data == "[DONE]":
+        return data
+    obj = json.loads(data)
+    obj.pop("id", None)
+    obj.pop("created", None)
+    return obj
+
+
+def stream_records(record: Path) -> list[dict[str, Any]]:
+    """The stand-in's end-of-stream records (STANDIN_STREAM_RECORD)."""
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def wait_records(record: Path, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Wait until the stand-in recorded `count` ended streams; return them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = stream_records(record)
+        if len(got) >= count:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"the stand-in recorded {stream_records(record)} within {timeout} s, wanted {count}")

@@ -1,0 +1,217 @@
+"""Graceful drain on SIGTERM: new requests get 503 + Retry-After, requests in flight finish, exit 0.
+
+The worker (real SDK) in front of the stand-in in step mode: a streamed answer is held in flight by
+the test (no timing), the signal arrives, a new request is refused, the held answer is released and
+must arrive whole. Then the same through the real entry point and supervisord: the worker is stopped
+first and the engine only after it (the held answer needs the engine to finish).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from workers.openai import drain
+
+from tests.worker.helpers import (
+    STANDIN,
+    WORKER_DIR,
+    Proc,
+    ReportServer,
+    free_port,
+    free_port_pair,
+    platform_env,
+    start_worker,
+    worker_env_for,
+)
+from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_records
+
+ENTRYPOINT = WORKER_DIR / "boot" / "entrypoint.py"
+ROUTE = "/v1/chat/completions"
+TOKENS = 30
+
+
+def held_payload() -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "max_tokens": TOKENS,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+
+def post(port: int, idx: int = 2) -> tuple[int, dict, dict[str, str]]:
+    """A plain (non-streamed) request; (status, JSON body, headers)."""
+    stream = EventStream(port, ROUTE, envelope({"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+                                               idx), timeout=20)
+    body = stream.rest()
+    stream.close()
+    return stream.status, json.loads(body or b"{}"), stream.headers
+
+
+def finish(stream: EventStream, steps: Path) -> bytes:
+    """Release the held answer and read it to its end."""
+    (steps / "go-all").touch()
+    return stream.rest()
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [(None, 8.0), ("", 8.0), (" 8 ", 8.0), ("0", 0.0), ("2.5", 2.5),
+                                              ("3600", 3600.0)])
+def test_drain_time_is_read(raw: str | None, seconds: float) -> None:
+    env = {} if raw is None else {drain.DRAIN_VAR: raw}
+    assert drain.load(env) == (seconds, [])
+
+
+@pytest.mark.parametrize("raw", ["eight", "-1", "nan", "inf", "3601", "8s", "1e9"])
+def test_a_bad_drain_time_is_one_line_naming_the_variable(raw: str) -> None:
+    _, errors = drain.load({drain.DRAIN_VAR: raw})
+    assert len(errors) == 1 and errors[0].startswith(f"{drain.DRAIN_VAR}={raw!r} is not a number of seconds")
+
+
+def test_supervisord_stops_the_worker_first_and_waits_for_its_drain() -> None:
+    sys.path.insert(0, str(WORKER_DIR / "boot"))
+    import entrypoint
+
+    text = entrypoint.supervisor_config("vllm", True, 8.0)
+    engine, worker = text.split("[program:vllm]")[1].split("[program:worker]")
+    assert "priority=100" in engine and "priority=200" in worker  # higher priority: stopped first
+    assert "stopwaitsecs=10" in worker.split("[eventlistener")[0]  # 8 s of drain + 2 s to exit
+    assert "stopwaitsecs=62" in entrypoint.supervisor_config("vllm", True, 59.5)
+
+
+# --------------------------------------------------------------------------- the worker alone
+
+
+@pytest.fixture
+def stepped_engine(tmp_path: Path, procs: list[Proc]) -> tuple[int, Path, Path, Path]:
+    """The vLLM stand-in in step mode: (port, log, step dir, record)."""
+    steps, record = tmp_path / "steps", tmp_path / "record.jsonl"
+    steps.mkdir()
+    port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
+                              STANDIN_REPLY_TOKENS=str(TOKENS))
+    return port, log, steps, record
+
+
+@pytest.mark.slow
+def test_sigterm_refuses_new_requests_and_finishes_the_one_in_flight(
+        tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc],
+        stepped_engine: tuple[int, Path, Path, Path]) -> None:
+    engine_port, log, steps, record = stepped_engine
+    reports = ReportServer(pubkey_pem)
+    try:
+        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log,
+                              BAKERY_RETRY_AFTER="7")
+        stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
+        first = stream.next_event()
+        assert stream.status == 200 and first.startswith(b"data: ")
+        os.kill(served.worker.popen.pid, signal.SIGTERM)
+        served.worker.wait_for("draining, 1 request(s) in flight")
+        status, body, headers = post(served.port)
+        assert status == 503 and headers["retry-after"] == "7" and "shutting down" in body["error"], (status, body)
+        assert headers.get("connection", "").lower() == "close"
+        assert served.worker.popen.poll() is None  # still draining: the held answer is not finished
+        rest = finish(stream, steps)
+        stream.close()
+        assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
+        assert wait_records(record, 1)[-1] == {"stream": ROUTE, "events": TOKENS + 4, "outcome": "complete"}
+        assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
+        assert "drained in" in served.worker.text and "(1 request(s) refused meanwhile)" in served.worker.text
+    finally:
+        reports.close()
+
+
+@pytest.mark.slow
+def test_the_drain_is_bounded(tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc],
+                              stepped_engine: tuple[int, Path, Path, Path]) -> None:
+    """An answer that does not finish within BAKERY_DRAIN_TIMEOUT is cut; the worker still exits 0."""
+    engine_port, log, steps, _ = stepped_engine
+    reports = ReportServer(pubkey_pem)
+    try:
+        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log,
+                              BAKERY_DRAIN_TIMEOUT="1")
+        stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
+        assert stream.next_event()
+        os.kill(served.worker.popen.pid, signal.SIGTERM)
+        assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
+        assert "drain time over (1 s, BAKERY_DRAIN_TIMEOUT): 1 request(s) still in flight are cut" in \
+            served.worker.text
+        stream.close()
+        (steps / "go-all").touch()
+    finally:
+        reports.close()
+
+
+@pytest.mark.slow
+def test_a_bad_drain_time_stops_the_worker_with_exit_2(tmp_path: Path, worker_python: Path, procs: list[Proc]) -> None:
+    port = free_port_pair()
+    worker = start_worker(tmp_path, worker_env_for("vllm", worker_python, tmp_path / "state", port,
+                                                   "http://127.0.0.1:9", BAKERY_DRAIN_TIMEOUT="8s"), procs)
+    assert worker.wait_exit(30) == 2
+    lines = [line for line in worker.text.splitlines() if line.startswith("bakery-worker: error:")]
+    assert lines == [f"bakery-worker: error: {drain.load({drain.DRAIN_VAR: '8s'})[1][0]}"], worker.text
+    assert "Traceback" not in worker.text
+
+
+# --------------------------------------------------------------------------- entry point + supervisord
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # Short: supervisord's unix socket path must fit in 108 bytes (pytest's tmp_path may not).
+    with tempfile.TemporaryDirectory(prefix="bk-drain-", dir="/tmp") as run:
+        yield Path(run)
+
+
+def boot_env(run_dir: Path, worker_python: Path, engine_port: int, port: int, report_url: str,
+             **extra: str) -> dict[str, str]:
+    """An image's serverless environment with the vLLM stand-in as the engine."""
+    env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
+    env.update(platform_env(port, report_url))
+    env.update({
+        "BAKERY_RUN_DIR": str(run_dir), "BACKEND": "vllm", "SERVERLESS": "true",
+        "MODEL_LOG": str(run_dir / "log" / "vllm.log"),
+        "BAKERY_ENGINE_CMD": json.dumps([sys.executable, str(STANDIN), "vllm", "serve", "${VLLM_MODEL}",
+                                         "--host", "127.0.0.1", "--port", str(engine_port)]),
+        "BAKERY_ENGINE_ARGS_VAR": "VLLM_ARGS", "VLLM_MODEL": MODEL, "MODEL_NAME": MODEL,
+        "MODEL_SERVER_URL": f"http://127.0.0.1:{engine_port}", "WORKER_PYTHON": str(worker_python),
+        "WORKER_STATE_DIR": str(run_dir / "state"), "BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1",
+        "BENCHMARK_MAX_TOKENS": "8", "STANDIN_LOAD_SECONDS": "0.3", "BAKERY_EXIT_GRACE": "0",
+    })
+    env.update(extra)
+    return env
+
+
+@pytest.mark.slow
+def test_the_entry_point_drains_the_worker_then_stops_the_engine(run_dir: Path, worker_python: Path,
+                                                                 pubkey_pem: str) -> None:
+    steps, record = run_dir / "steps", run_dir / "record.jsonl"
+    steps.mkdir()
+    engine_port, port = free_port(), free_port_pair()
+    reports = ReportServer(pubkey_pem)
+    env = boot_env(run_dir, worker_python, engine_port, port, reports.url, STANDIN_STEP_DIR=str(steps),
+                   STANDIN_STREAM_RECORD=str(record), STANDIN_REPLY_TOKENS=str(TOKENS))
+    boot = Proc([str(worker_python), str(ENTRYPOINT)], run_dir / "out", env=env)
+    try:
+        reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=90)
+        stream = EventStream(port, ROUTE, envelope(held_payload()), timeout=30)
+        assert stream.status == 200 and stream.next_event()
+        boot.popen.send_signal(signal.SIGTERM)
+        boot.wait_for("draining, 1 request(s) in flight")
+        status, body, headers = post(port)
+        assert status == 503 and "retry-after" in headers, (status, body)
+        rest = finish(stream, steps)
+        stream.close()
+        assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
+        assert boot.wait_exit(30) == 0, boot.text[-3000:]
+    finally:
+        boot.stop()
+        reports.close()
+    assert wait_records(record, 1)[-1]["outcome"] == "complete"
+    out = boot.text
+    # supervisord stopped the worker (after its drain) before it stopped the engine.
+    assert out.index("stopped: worker (exit status 0)") < out.index("stopped: vllm"), out[-3000:]

@@ -1,0 +1,198 @@
+"""Streamed answers pass through the worker (the real SDK on loopback) as the engine writes them.
+
+Proved without timing: the stand-in in step mode (STANDIN_STEP_DIR) writes event k+1 only after the
+test has released it, and the test releases it only once it holds event k from the worker. A worker
+that buffered (a whole answer, or a few events) never delivers event k and the read times out.
+The events, the usage chunk of stream_options and the final [DONE] are compared with the same request
+sent straight to the engine. A client that goes away mid-stream must make the worker close its engine
+connection (the stand-in records its failed write) and leave no request in flight behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.worker.helpers import Proc, ReportServer, free_port, start_llama
+from tests.worker.serving import (
+    MODEL,
+    EventStream,
+    Served,
+    direct_events,
+    envelope,
+    normalise,
+    start_served,
+    start_standin,
+    stream_records,
+    wait_records,
+)
+
+pytestmark = pytest.mark.slow
+TOKENS = 5
+READ_TIMEOUT = 20.0  # a worker that buffers never delivers the held event: the read fails after this
+
+
+@dataclass
+class Stepped:
+    """A worker in front of a stand-in in step mode."""
+
+    served: Served
+    steps: Path
+    record: Path
+
+    def written(self) -> int:
+        """How many events the stand-in has recorded as written (0 before the first)."""
+        path = self.steps / "written"
+        return int(path.read_text()) if path.exists() else 0
+
+    def reset(self) -> None:
+        for item in self.steps.iterdir():
+            item.unlink()
+
+
+def payload(route: str, prompt: str, tokens: int = TOKENS) -> dict[str, Any]:
+    """A streamed request with usage in the last chunk (stream_options.include_usage)."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": tokens, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def start_stepped(engine: str, tmp: Path, procs: list[Proc], reports: ReportServer, worker_python: Path) -> Stepped:
+    steps, record = tmp / "steps", tmp / "record.jsonl"
+    steps.mkdir()
+    engine_port, log = start_standin(engine, tmp, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
+                                     STANDIN_REPLY_TOKENS="40")
+    backend = "sglang" if engine == "sglang" else "vllm"
+    return Stepped(start_served(backend, tmp, procs, reports, worker_python, engine_port, log), steps, record)
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def stepped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, worker_python: Path,
+            pubkey_pem: str) -> Iterator[Stepped]:
+    """One worker per stand-in engine, in front of it in step mode."""
+    procs: list[Proc] = []
+    reports = ReportServer(pubkey_pem)
+    try:
+        yield start_stepped(request.param, tmp_path_factory.mktemp(f"stream-{request.param}"), procs, reports,
+                            worker_python)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        reports.close()
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped: Stepped, route: str) -> None:
+    stepped.reset()
+    before = len(stream_records(stepped.record))  # the stand-in records a stream just after its last byte
+    sent = payload(route, f"pass-through {route}")
+    stream = EventStream(stepped.served.port, route, envelope(sent), timeout=READ_TIMEOUT)
+    assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream"), stream.headers
+    events = []
+    while True:
+        event = stream.next_event()  # times out (the test fails) if the worker holds event k back
+        if not event:
+            break
+        events.append(event)
+        held = len(events)
+        # The engine has written no more than the client holds: it waits for go-<held>, not yet there.
+        # (It records an event just after writing it, so the record may still say held - 1.)
+        assert stepped.written() <= held, (held, events[-1])
+        assert not (stepped.steps / f"go-{held}").exists()
+        (stepped.steps / f"go-{held}").touch()
+    stream.close()
+    ended = wait_records(stepped.record, before + 1)[before]
+    assert ended == {"stream": route, "events": len(events), "outcome": "complete"}, ended
+
+    # The same request straight to the engine: the same events, usage chunk and [DONE].
+    stepped.reset()
+    (stepped.steps / "go-all").touch()
+    direct = direct_events(stepped.served.engine_port, route, sent)
+    assert [normalise(e) for e in events] == [normalise(e) for e in direct]
+    assert normalise(events[-1]) == "[DONE]"
+    usage = normalise(events[-2])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == TOKENS, usage
+    assert len(events) == TOKENS + (4 if route == "/v1/chat/completions" else 3)
+
+
+def test_a_client_that_goes_away_stops_the_generation(tmp_path: Path, worker_python: Path, pubkey_pem: str,
+                                                      procs: list[Proc]) -> None:
+    """The client drops the connection holding event 2 of 40; once released, the engine's next writes
+    fail (the worker closed its engine connection); SIGTERM then finds no request in flight."""
+    reports = ReportServer(pubkey_pem)
+    try:
+        stepped = start_stepped("vllm", tmp_path, procs, reports, worker_python)
+        route = "/v1/completions"
+        stream = EventStream(stepped.served.port, route, envelope(payload(route, "goes away", 40)),
+                             timeout=READ_TIMEOUT)
+        assert stream.status == 200
+        assert stream.next_event()
+        (stepped.steps / "go-1").touch()
+        assert stream.next_event()
+        stream.close()
+        # Once the SDK has seen the client go (its own line), release every later event at once: the
+        # engine writes until a write fails. Had the worker kept its engine connection open, all 43
+        # events would be written.
+        stepped.served.worker.wait_for("cancelled (client disconnect)", timeout=READ_TIMEOUT)
+        (stepped.steps / "go-all").touch()
+        ended = wait_records(stepped.record, 1)[-1]
+        assert ended["stream"] == route and ended["outcome"] in {"BrokenPipeError", "ConnectionResetError"}, ended
+        assert ended["events"] < TOKENS + 40, ended
+        worker = stepped.served.worker
+        os.kill(worker.popen.pid, signal.SIGTERM)  # start_server.sh exec'd the worker: this pid is it
+        assert worker.wait_exit(15) == 0, worker.text[-3000:]
+        assert "draining, 0 request(s) in flight" in worker.text, worker.text[-3000:]
+    finally:
+        reports.close()
+    assert len(stream_records(stepped.record)) == 1
+
+
+def test_real_llama_streams_event_by_event_as_direct(tmp_path: Path, worker_python: Path, llama_python: Path,
+                                                     smollm2: Path, pubkey_pem: str, procs: list[Proc]) -> None:
+    """The real llama.cpp (greedy, so both answers are the same): through the worker, the same events as
+    straight from the engine, one token per event, the usage chunk and [DONE] unchanged."""
+    reports = ReportServer(pubkey_pem)
+    try:
+        engine_port, log = free_port(), tmp_path / "llama.log"
+        start_llama(llama_python, smollm2, engine_port, log, procs)
+        served = start_served("llama", tmp_path, procs, reports, worker_python, engine_port, log,
+                              MODEL_NAME="smollm2")
+        for route in ("/v1/completions", "/v1/chat/completions"):
+            sent = {**payload(route, "Count from one to ten.", 24), "model": "smollm2", "temperature": 0,
+                    "seed": 1}
+            stream = EventStream(served.port, route, envelope(sent), timeout=120)
+            assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
+            events = []
+            while event := stream.next_event():
+                events.append(event)
+            stream.close()
+            direct = direct_events(engine_port, route, sent)
+            ours, theirs = [_comparable(e) for e in events], [_comparable(e) for e in direct]
+            assert ours == theirs
+            assert ours[-1] == "[DONE]" and ours[-2]["usage"]["completion_tokens"] == 24, ours[-2:]
+            assert len(events) >= 24  # one event per token (at least), not one blob
+    finally:
+        reports.close()
+
+
+def _comparable(event: bytes) -> Any:
+    """llama.cpp's event without what differs between two runs (ids, times, timings, prompt-cache hits)."""
+    data = normalise(event)
+    if isinstance(data, dict):
+        data.pop("timings", None)
+        data.pop("system_fingerprint", None)
+        if isinstance(data.get("usage"), dict):
+            data["usage"].pop("prompt_tokens_details", None)
+        data = json.loads(json.dumps(data))
+    return data

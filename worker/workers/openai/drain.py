@@ -1,0 +1,177 @@
+"""Graceful drain: on SIGTERM the worker refuses new requests and lets those in flight finish.
+
+`docker stop` (and the platform stopping an instance) sends SIGTERM and kills after a grace of 10 s
+by default. Without this module the worker died at once and every request in flight, a streamed
+answer half-sent included, was cut. With it:
+
+1. SIGTERM (or SIGINT) starts the drain: every later request on the model routes gets 503 with
+   Retry-After and `Connection: close`; the listener stays open so a client gets that answer rather
+   than a refused connection.
+2. Requests in flight run to their end (a streamed answer to its last byte), up to
+   BAKERY_DRAIN_TIMEOUT seconds (default 8, inside Docker's default grace).
+3. The worker exits 0; supervisord then stops the engine (worker/boot/entrypoint.py orders the two
+   and gives the worker stopwaitsecs to cover the drain).
+
+Hooked into the SDK's server through the guards' Context (an outermost middleware and a startup
+hook); this module imports only the standard library at import time, so its rules are unit-tested
+on the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
+DEFAULT_DRAIN_SECONDS = 8.0  # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
+MAX_DRAIN_SECONDS = 3600.0
+RANK = -1  # outermost: a refused request must not reach any other middleware
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_FLUSH_POLL = 0.005
+
+log = logging.getLogger("bakery.drain")
+
+
+def load(env: Mapping[str, str]) -> tuple[float, list[str]]:
+    """BAKERY_DRAIN_TIMEOUT in seconds (unset or blank: the default), and one error line if it is bad.
+
+    A number from 0 (no drain: stop at once) to 3600; text, a negative number, inf or nan is refused.
+    """
+    raw = env.get(DRAIN_VAR)
+    if raw is None or not raw.strip():
+        return DEFAULT_DRAIN_SECONDS, []
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= MAX_DRAIN_SECONDS:
+        return DEFAULT_DRAIN_SECONDS, [
+            f"{DRAIN_VAR}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g}: set it to how "
+            f"long requests in flight may run after SIGTERM (default {DEFAULT_DRAIN_SECONDS:g}; keep it below "
+            "the stop grace, docker stop -t)"]
+    return value, []
+
+
+def describe(seconds: float) -> str:
+    """The startup line naming the drain time."""
+    return (f"bakery-worker: drain: on SIGTERM new requests get 503, requests in flight get up to "
+            f"{seconds:g} s ({DRAIN_VAR})")
+
+
+class Drain:
+    """Counts requests in flight, refuses new ones once draining, and exits when the last one ends.
+
+    `exit` is called with the status once the drain is over (os._exit in the worker: the SDK's loop
+    has no way to stop, and nothing is left to clean up once every answer went out).
+    """
+
+    def __init__(self, seconds: float, retry_after: int, routes: tuple[str, ...],
+                 exit: Callable[[int], Any] = os._exit) -> None:
+        self.seconds = seconds
+        self.retry_after = retry_after
+        self.routes = routes
+        self.exit = exit
+        self.in_flight = 0
+        self.draining = False
+        self.refused = 0
+        self._idle: asyncio.Event | None = None
+        self._unflushed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._task: asyncio.Task[None] | None = None
+
+    async def middleware(self, request: Any, handler: Any) -> Any:
+        """Refuse while draining; otherwise serve and finish the answer inside the count."""
+        from aiohttp import web
+
+        if self.draining and request.path in self.routes:
+            self.refused += 1
+            response = web.json_response(
+                {"error": "the worker is shutting down; retry on another worker"}, status=503,
+                headers={"Retry-After": str(self.retry_after)})
+            response.force_close()
+            return response
+        self.in_flight += 1
+        try:
+            response = await handler(request)
+            if self.draining:
+                response.force_close()
+            # aiohttp sends a plain Response only after the middleware returns: send it here, so
+            # that "no request in flight" means "every answer was written".
+            await response.prepare(request)
+            await response.write_eof()
+            transport = request.transport
+            if transport is not None and transport.get_write_buffer_size():
+                self._unflushed.add(transport)
+            return response
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0 and self._idle is not None:
+                self._idle.set()
+
+    def begin(self) -> None:
+        """Start the drain (first signal only); a later signal changes nothing."""
+        if self.draining:
+            return
+        self.draining = True
+        self._idle = asyncio.Event()
+        if self.in_flight == 0:
+            self._idle.set()
+        _say(f"bakery-worker: stop signal: draining, {self.in_flight} request(s) in flight, up to "
+             f"{self.seconds:g} s ({DRAIN_VAR}); new requests get 503")
+        self._task = asyncio.get_running_loop().create_task(self._finish())
+
+    async def _finish(self) -> None:
+        assert self._idle is not None
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.seconds)
+        except asyncio.TimeoutError:
+            _say(f"bakery-worker: drain time over ({self.seconds:g} s, {DRAIN_VAR}): {self.in_flight} "
+                 "request(s) still in flight are cut")
+        else:
+            await self._flush(start + self.seconds)
+            _say(f"bakery-worker: drained in {time.monotonic() - start:.2f} s "
+                 f"({self.refused} request(s) refused meanwhile); exiting")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.exit(0)
+
+    async def _flush(self, deadline: float) -> None:
+        """Wait until the last answers left the process (their transports' buffers are empty)."""
+        while time.monotonic() < deadline and any(
+                not t.is_closing() and t.get_write_buffer_size() for t in list(self._unflushed)):
+            await asyncio.sleep(_FLUSH_POLL)
+
+    async def on_startup(self, _app: Any) -> None:
+        """Take SIGTERM and SIGINT on the server's loop (once, for the first app)."""
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, self.begin)
+
+
+def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
+    """Add the drain to the guards' Context `ctx` (its middleware outermost, its signal handlers at
+    startup); call before worker.run()."""
+    from aiohttp import web
+
+    drain = Drain(seconds, retry_after, tuple(ctx.routes))
+
+    @web.middleware
+    async def draining(request: Any, handler: Any) -> Any:
+        return await drain.middleware(request, handler)
+
+    ctx.middlewares.append((RANK, draining))
+    ctx.on_startup.append(drain.on_startup)
+    return drain
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)

@@ -1,0 +1,21 @@
+"""What the worker adds for serving under real traffic (issue 14), one module per job:
+
+- release: an engine answer is closed when its request ends (a client gone mid-stream stops the engine);
+- report_soon: the "loaded" status report leaves at once, not at the SDK's next 10 s tick;
+- drain: on SIGTERM new requests get 503, requests in flight finish (BAKERY_DRAIN_TIMEOUT), exit 0.
+
+Installed after the guards, on their Context (see core.run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.openai import drain, release, report_soon
+
+
+def install(ctx: Any, drain_seconds: float, retry_after: int) -> drain.Drain:
+    """Install the three parts; raises guards.GuardError when an SDK hook is missing."""
+    release.install(ctx)
+    report_soon.install(ctx)
+    return drain.install(ctx, drain_seconds, retry_after)
