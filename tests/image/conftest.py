@@ -115,8 +115,11 @@ class Containers:
         self.client = client
         self.started: list[Launched] = []
 
-    def launch(self, image: ImageUnderTest, env: dict[str, str], label: str) -> Launched:
-        launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}")
+    def launch(self, image: ImageUnderTest, env: dict[str, str], label: str, *, controlplane: bool = True,
+               withhold_key: bool = False) -> Launched:
+        """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False)."""
+        launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
+                          withhold_key=withhold_key)
         self.started.append(launched)
         return launched
 
@@ -136,8 +139,9 @@ def containers(docker_client: docker.DockerClient):
 
 @pytest.fixture(scope="session")
 def serverless(image: ImageUnderTest, docker_client: docker.DockerClient):
-    """A serverless launch with nothing baked passed in, shared by one engine's checks and removed
-    before the next engine's. Checks that need the worker ready wait for it (once, remembered);
+    """A serverless launch as the platform makes it (security on, the control-plane stand-in inside),
+    with nothing baked passed in, shared by one engine's checks and removed before the next engine's.
+    Checks that need the worker ready wait for its ready report (once, remembered);
     resolution checks on a GPU-engine base never wait for a readiness that can't come."""
     registry = Containers(docker_client)
     yield registry.launch(image, serverless_env(image.spec), "serverless")
