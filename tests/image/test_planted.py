@@ -19,10 +19,13 @@ from bakery.render import RenderOptions, render, write_context
 from bakery.spec import REPO_ROOT, load_engine
 from bakery.verify import run_gate
 from bakery.wheelhouse import wheelhouse
+from tests.image.conftest import SUITE_TAG
 
 pytestmark = pytest.mark.planted
 
 ENGINE = "vllm"
+# One context directory per checkout (BAKERY_SUITE_TAG), so two checkouts' planted runs never share one.
+PLANTED_CONTEXT = f"planted-{ENGINE}-{SUITE_TAG}"
 
 
 def _drop_env(name: str):
@@ -64,7 +67,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     plant, catchers = DEFECTS[defect]
     planted = plant(pristine.dockerfile)
     assert planted != pristine.dockerfile, f"the defect {defect!r} was not planted"
-    context = write_context(pristine, context_dir(f"planted-{ENGINE}"), wheelhouse())
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     (context / "Dockerfile").write_text(planted)
     image_id = build_context(context, lambda _m: None, build_args()).image_id
     # A broken worker never gets ready: a short bound keeps each defect's gate run quick.
@@ -80,7 +83,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
 
 def test_pristine_image_passes_the_same_gate(pristine) -> None:
     # The control: without a defect the very same path passes, so the failures above are the defects'.
-    context = write_context(pristine, context_dir(f"planted-{ENGINE}"), wheelhouse())
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     image_id = build_context(context, lambda _m: None, build_args()).image_id
     gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
@@ -134,7 +137,7 @@ def test_every_guard_has_a_catcher() -> None:
 
 @pytest.mark.parametrize("guard", sorted(GUARD_CATCHERS))
 def test_missing_guard_is_caught(guard: str, pristine, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
-    context = write_context(pristine, context_dir(f"planted-{ENGINE}"), wheelhouse())
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     path = context / GUARDS_FILE
     planted = without_guard(path.read_text(), guard)
     path.write_text(planted)
