@@ -16,7 +16,7 @@ import pytest
 
 from bakery.render import baked_env
 from bakery.spec import EngineSpec, available_engines, load_engine
-from tests.image.launch import Launched, launch, serverless_env
+from tests.image.launch import Launched, launch, offline_env, serverless_env
 
 # How long a worker may take from container start to ready. The stand-ins and SmolLM2 are ready in
 # seconds; the bound only matters when something is broken (then every check reports, none hangs).
@@ -138,11 +138,70 @@ def containers(docker_client: docker.DockerClient):
 
 
 @pytest.fixture(scope="session")
-def serverless(image: ImageUnderTest, docker_client: docker.DockerClient):
+def serverless(image: ImageUnderTest, docker_client: docker.DockerClient, side: SideLaunches):
     """A serverless launch as the platform makes it (security on, the control-plane stand-in inside),
     with nothing baked passed in, shared by one engine's checks and removed before the next engine's.
     Checks that need the worker ready wait for its ready report (once, remembered);
-    resolution checks on a GPU-engine base never wait for a readiness that can't come."""
+    resolution checks on a GPU-engine base never wait for a readiness that can't come. The side
+    launches of the selected checks start right after it, so their waits overlap the shared checks."""
     registry = Containers(docker_client)
-    yield registry.launch(image, serverless_env(image.spec), "serverless")
+    launched = registry.launch(image, serverless_env(image.spec), "serverless")
+    side.start_all()
+    yield launched
+    registry.remove_all()
+
+
+# Launches that mostly wait (an engine that fails and the grace after it, a key withheld past the
+# SDK's retries, an offline worker getting ready) start together when the first check needing one
+# runs, so their waits overlap instead of adding up. Only the launches of selected checks start.
+SIDE_USERS = {
+    "loadfail": {"test_engine_load_failure_reported"},
+    "latekey": {"test_requests_get_503_until_ready", "test_key_served_late_is_picked_up"},
+    "unsecured": {"test_unsecured_offline_serves_unsigned"},
+}
+
+
+def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, bool]]:
+    """The environment and launch options of one side launch."""
+    if name == "loadfail":
+        # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
+        # The grace outlasts the SDK's 10 s report tick, so the errored status is sent before the stop.
+        env = serverless_env(spec, STANDIN_FAIL_LOAD="1", BAKERY_EXIT_GRACE="20")
+        if spec.name == "llama":
+            env[spec.engine.model_var] = "/models/missing.gguf"
+        return env, {}
+    if name == "latekey":
+        return serverless_env(spec), {"withhold_key": True}
+    if name == "unsecured":
+        return offline_env(spec), {"controlplane": False}
+    raise KeyError(name)
+
+
+class SideLaunches:
+    """The side launches of one engine, all started at the first request for any of them."""
+
+    def __init__(self, registry: Containers, image: ImageUnderTest, wanted: set[str]) -> None:
+        self.registry, self.image, self.wanted = registry, image, wanted
+        self.started: dict[str, Launched] = {}
+
+    def start_all(self, also: str | None = None) -> None:
+        """Start every wanted side launch (and `also`) not started yet."""
+        for name in sorted(self.wanted | ({also} if also else set())):
+            if name not in self.started:
+                env, options = side_launch(self.image.spec, name)
+                self.started[name] = self.registry.launch(self.image, env, name, **options)
+
+    def get(self, name: str) -> Launched:
+        """The side launch `name` (started now with every other wanted one, if not yet)."""
+        self.start_all(also=name)
+        return self.started[name]
+
+
+@pytest.fixture(scope="session")
+def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pytest.FixtureRequest):
+    """This engine's side launches (see SIDE_USERS), removed before the next engine's."""
+    selected = {getattr(item, "originalname", item.name) for item in request.session.items}
+    wanted = {name for name, users in SIDE_USERS.items() if users & selected}
+    registry = Containers(docker_client)
+    yield SideLaunches(registry, image, wanted)
     registry.remove_all()

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from bakery.secrets import secret_reason
-from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest
+from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest, SideLaunches
 from tests.image.launch import BENCHMARK_FILE, WORKER_PYTHON, Launched, is_ready_report, serverless_env
 
 REQUIRED_LABELS = (
@@ -133,13 +133,9 @@ def test_empty_backend_fails_loudly(image: ImageUnderTest, containers: Container
 
 
 @pytest.mark.serve
-def test_engine_load_failure_reported(image: ImageUnderTest, containers: Containers) -> None:
-    # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp. The
-    # grace outlasts the SDK's 10 s report tick, so the errored status is sent before the container stops.
-    env = serverless_env(image.spec, STANDIN_FAIL_LOAD="1", BAKERY_EXIT_GRACE="20")
-    if image.spec.name == "llama":
-        env[image.spec.engine.model_var] = "/models/missing.gguf"
-    launched = containers.launch(image, env, "loadfail")
+def test_engine_load_failure_reported(image: ImageUnderTest, side: SideLaunches) -> None:
+    # A model that cannot load (conftest.side_launch: the stand-ins' switch, a missing GGUF for llama.cpp).
+    launched = side.get("loadfail")
     errors = json.loads(image.expected_env["MODEL_ERROR_LOG_MSGS"])
 
     def reported() -> bool:

@@ -14,15 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest
+from tests.image.conftest import READY_TIMEOUT, SideLaunches
 from tests.image.launch import (
     CLIENT,
     CONTROLPLANE_ADDR,
     WORKER_PYTHON,
     Launched,
     is_ready_report,
-    offline_env,
-    serverless_env,
 )
 
 COMPLETION = {"prompt": "The three primary colours are", "max_tokens": 8, "temperature": 0}
@@ -265,10 +263,9 @@ class LateKey:
 
 
 @pytest.fixture(scope="session")
-def late_key(image: ImageUnderTest, docker_client):
-    registry = Containers(docker_client)
-    yield LateKey(registry.launch(image, serverless_env(image.spec), "latekey", withhold_key=True))
-    registry.remove_all()
+def late_key(side: SideLaunches) -> LateKey:
+    """The launch whose stand-in withholds the key (conftest.side_launch), shared by two checks."""
+    return LateKey(side.get("latekey"))
 
 
 @pytest.mark.serve
@@ -317,10 +314,10 @@ def test_key_served_late_is_picked_up(late_key: LateKey) -> None:
 
 
 @pytest.mark.serve
-def test_unsecured_offline_serves_unsigned(image: ImageUnderTest, containers: Containers) -> None:
+def test_unsecured_offline_serves_unsigned(side: SideLaunches) -> None:
     # UNSECURED=true stays supported for offline use (the README's docker run): no control plane
     # at all, and the demo client's unsigned envelopes are served.
-    launched = containers.launch(image, offline_env(image.spec), "unsecured", controlplane=False)
+    launched = side.get("unsecured")
     assert launched.ready(READY_TIMEOUT), f"not ready offline:\n{launched.logs()[-2000:]}"
 
     def demo_client_served() -> bool:
