@@ -1,6 +1,6 @@
 """Command line of the control-plane stand-in (see README.md next to this file).
 
-    python -m controlplane serve [--port 18200] [--withhold]
+    python -m controlplane serve [--port 18200] [--withhold | --withhold-for N]
     python -m controlplane release | withhold [--status 503]
     python -m controlplane sign URL
     python -m controlplane post [--route /v1/completions] [--payload JSON] [--signature valid]
@@ -35,9 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve /pubkey/ and record reports (loopback only)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--withhold", action="store_true", help="start with the key withheld (503)")
+    p.add_argument("--withhold", action="store_true", help="start with the key withheld (503) until `release`")
+    p.add_argument("--withhold-for", type=int, metavar="N", help="withhold the key from the first N fetches only")
     p = sub.add_parser("withhold", help="make /pubkey/ answer an error until `release`")
     p.add_argument("--status", type=int, default=503)
+    p.add_argument("--times", type=int, help="only for the next N fetches")
     sub.add_parser("release", help="serve the key from now on")
     p = sub.add_parser("sign", help="print the platform's signature of a worker URL")
     p.add_argument("url")
@@ -80,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             state.dir.mkdir(parents=True, exist_ok=True)
-            if args.withhold:
-                state.withhold()
+            if args.withhold_for is not None and args.withhold_for < 1:
+                raise ValueError(f"--withhold-for must be a positive number of fetches, got {args.withhold_for}")
+            if args.withhold or args.withhold_for:
+                state.withhold(times=None if args.withhold else args.withhold_for)
             serve(state, args.host, args.port)
         elif args.command == "withhold":
-            state.withhold(args.status)
+            state.withhold(args.status, args.times)
         elif args.command == "release":
             state.release()
         elif args.command == "sign":

@@ -2,7 +2,8 @@
 
 Stdlib HTTP server. Everything it is asked is appended to `<state>/records.jsonl`, one JSON object
 a line: {"time", "method", "path", "status", "body"}; POST bodies are parsed as JSON when they are.
-The key is withheld (GET /pubkey/ answers the status in `<state>/withhold`) while that file exists.
+The key is withheld (GET /pubkey/ answers the status in `<state>/withhold`) while that file exists;
+`<status> <n>` in it withholds the key from the next n fetches only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class State:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the withhold switch
+        self._records_lock = threading.Lock()
 
     @property
     def records_path(self) -> Path:
@@ -44,26 +46,36 @@ class State:
         return signing.load_or_create(self.dir / OTHER_KEY)
 
     def withheld_status(self) -> int | None:
-        """The status /pubkey/ answers while the key is withheld, else None."""
+        """The status /pubkey/ answers now while the key is withheld, else None. A withhold limited
+        to N answers counts this one and lifts itself after the Nth."""
         path = self.dir / WITHHOLD
-        if not path.exists():
-            return None
-        text = path.read_text().strip()
-        return int(text) if text.isdigit() else 503
+        with self._lock:
+            if not path.exists():
+                return None
+            fields = path.read_text().split()
+            status = int(fields[0]) if fields and fields[0].isdigit() else 503
+            if len(fields) > 1 and fields[1].isdigit():
+                left = int(fields[1]) - 1
+                if left <= 0:
+                    path.unlink()
+                else:
+                    path.write_text(f"{status} {left}\n")
+            return status
 
-    def withhold(self, status: int = 503) -> None:
-        """Make /pubkey/ answer `status` until release()."""
+    def withhold(self, status: int = 503, times: int | None = None) -> None:
+        """Make /pubkey/ answer `status` until release(), or for the next `times` fetches only."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / WITHHOLD).write_text(f"{status}\n")
+        (self.dir / WITHHOLD).write_text(f"{status}" + (f" {times}" if times else "") + "\n")
 
     def release(self) -> None:
         """Serve the key from now on."""
-        (self.dir / WITHHOLD).unlink(missing_ok=True)
+        with self._lock:
+            (self.dir / WITHHOLD).unlink(missing_ok=True)
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append one request to the records, whole lines only (threads share the file)."""
         line = json.dumps(entry, sort_keys=True) + "\n"
-        with self._lock, self.records_path.open("a", encoding="utf-8") as f:
+        with self._records_lock, self.records_path.open("a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 import docker.errors
@@ -116,10 +117,10 @@ class Containers:
         self.started: list[Launched] = []
 
     def launch(self, image: ImageUnderTest, env: dict[str, str], label: str, *, controlplane: bool = True,
-               withhold_key: bool = False) -> Launched:
+               withhold_fetches: int | None = None) -> Launched:
         """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False)."""
         launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
-                          withhold_key=withhold_key)
+                          withhold_fetches=withhold_fetches)
         self.started.append(launched)
         return launched
 
@@ -161,7 +162,23 @@ SIDE_USERS = {
 }
 
 
-def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, bool]]:
+SDK_PUBKEY_TRIES = 5  # vastai 1.9.1 MAX_PUBKEY_FETCH_ATTEMPTS
+EARLY_PROBE_TIMEOUT = 30.0
+
+
+def probe_before_ready(launched: Launched) -> dict[str, Any]:
+    """One signed request as soon as the worker has reported (so it is reachable and its URL is
+    known), long before it can be ready: its key is withheld."""
+    if not launched.wait_for(lambda: bool(launched.reports()), EARLY_PROBE_TIMEOUT, 0.3):
+        return {"status": None, "error": f"no /worker_status/ report within {EARLY_PROBE_TIMEOUT:.0f} s"}
+    if not launched.wait_for(lambda: launched.host.socket("tcp://0.0.0.0:3000").is_listening, 30, 0.3):
+        return {"status": None, "error": "nothing listens on :3000"}
+    result = launched.probe([{"name": "before ready", "request_idx": 801}])["before ready"]
+    result["key_fetches_before"] = [r.get("status") for r in launched.records("/pubkey/")]
+    return result
+
+
+def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, Any]]:
     """The environment and launch options of one side launch."""
     if name == "loadfail":
         # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
@@ -171,7 +188,9 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
             env[spec.engine.model_var] = "/models/missing.gguf"
         return env, {}
     if name == "latekey":
-        return serverless_env(spec), {"withhold_key": True}
+        # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
+        # exactly those, so only a worker that keeps asking ever gets it.
+        return serverless_env(spec), {"withhold_fetches": SDK_PUBKEY_TRIES}
     if name == "unsecured":
         return offline_env(spec), {"controlplane": False}
     raise KeyError(name)
@@ -183,6 +202,7 @@ class SideLaunches:
     def __init__(self, registry: Containers, image: ImageUnderTest, wanted: set[str]) -> None:
         self.registry, self.image, self.wanted = registry, image, wanted
         self.started: dict[str, Launched] = {}
+        self.early_probe: dict[str, Any] = {}  # the latekey launch's request before ready
 
     def start_all(self, also: str | None = None) -> None:
         """Start every wanted side launch (and `also`) not started yet."""
@@ -190,6 +210,8 @@ class SideLaunches:
             if name not in self.started:
                 env, options = side_launch(self.image.spec, name)
                 self.started[name] = self.registry.launch(self.image, env, name, **options)
+        if "latekey" in self.started and not self.early_probe:
+            self.early_probe = probe_before_ready(self.started["latekey"])
 
     def get(self, name: str) -> Launched:
         """The side launch `name` (started now with every other wanted one, if not yet)."""

@@ -150,12 +150,15 @@ class Launched:
 
     # ---- the control-plane stand-in inside the container --------------------------------------
 
-    def start_controlplane(self, withhold_key: bool = False) -> None:
-        """Start the stand-in (again after a container restart) and wait until it listens."""
+    def start_controlplane(self, withhold_fetches: int | None = None) -> None:
+        """Start the stand-in (again after a container restart) and wait until it listens; with
+        `withhold_fetches`, /pubkey/ answers 503 to that many fetches before serving the key."""
         address = f"{CONTROLPLANE_STATE}/address"
         self.container.exec_run(["/bin/sh", "-c", f"rm -f {address}"])
         serve = [WORKER_PYTHON, "-m", "controlplane", "--state", CONTROLPLANE_STATE, "serve",
-                 "--port", str(CONTROLPLANE_PORT), *(["--withhold"] if withhold_key else [])]
+                 "--port", str(CONTROLPLANE_PORT)]
+        if withhold_fetches:
+            serve += ["--withhold-for", str(withhold_fetches)]
         command = " ".join(serve) + f" >>{CONTROLPLANE_ROOT}/serve.log 2>&1"
         self.container.exec_run(["/bin/sh", "-c", command], detach=True,
                                 environment={"PYTHONPATH": CONTROLPLANE_ROOT}, workdir="/")
@@ -177,10 +180,6 @@ class Launched:
         """Send probe cases (tests/controlplane/probe.py) to :3000 from inside; results by case name."""
         out = self.controlplane_cli("probe", json.dumps(cases), "--timeout", str(timeout))
         return {result["name"]: result for result in json.loads(out)}
-
-    def release_key(self) -> None:
-        """Let the stand-in serve its public key from now on."""
-        self.controlplane_cli("release")
 
     def records(self, path: str | None = None) -> list[dict[str, Any]]:
         """Every request the stand-in recorded (optionally one path), read with the Docker API so it
@@ -217,9 +216,9 @@ class Launched:
 
 
 def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], label: str, *,
-           controlplane: bool = True, withhold_key: bool = False) -> Launched:
+           controlplane: bool = True, withhold_fetches: int | None = None) -> Launched:
     """Start `image_id` detached with `env`, with the control-plane stand-in inside it (unless
-    `controlplane` is False; `withhold_key` starts it with /pubkey/ answering 503 until released);
+    `controlplane` is False; `withhold_fetches` N: /pubkey/ answers 503 to the first N fetches);
     the caller removes the container (see conftest's registry)."""
     container = client.containers.create(
         image_id, detach=True, environment=env, name=f"bakery-gate-{label}-{uuid.uuid4().hex[:8]}",
@@ -231,5 +230,5 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
     launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
                         controlplane=controlplane)
     if controlplane:
-        launched.start_controlplane(withhold_key=withhold_key)
+        launched.start_controlplane(withhold_fetches=withhold_fetches)
     return launched

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.image.conftest import READY_TIMEOUT, SideLaunches
+from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, SideLaunches
 from tests.image.launch import (
     CLIENT,
     CONTROLPLANE_ADDR,
@@ -238,76 +238,51 @@ def test_oversized_body_refused_413(serverless: Launched) -> None:
 
 
 # ---- a control plane that withholds the key at boot (one launch, two checks) --------------------
-
-
-class LateKey:
-    """A launch whose control plane answers /pubkey/ 503 until released."""
-
-    def __init__(self, launched: Launched) -> None:
-        self.launched = launched
-        self.started = launched.container.attrs["State"]["StartedAt"]
-        self.released = False
-
-    def refused_fetches(self) -> int:
-        return sum(1 for r in self.launched.records("/pubkey/") if r.get("status") == 503)
-
-    def wait_sdk_gave_up(self) -> None:
-        """Until the worker asked 5 times (the SDK's own fetch gives up after 5 tries, ~15 s)."""
-        launched = self.launched
-        assert launched.wait_for(lambda: self.refused_fetches() >= 5, 60, 1), \
-            f"the worker did not ask for the key 5 times: {launched.records('/pubkey/')}\n{launched.logs()[-2000:]}"
-
-    def release(self) -> None:
-        self.launched.release_key()
-        self.released = True
-
-
-@pytest.fixture(scope="session")
-def late_key(side: SideLaunches) -> LateKey:
-    """The launch whose stand-in withholds the key (conftest.side_launch), shared by two checks."""
-    return LateKey(side.get("latekey"))
+# conftest's "latekey" side launch: the stand-in answers 503 to the worker's first 5 key fetches
+# (the SDK's own tries, ~15 s) and serves the key from the 6th on.
 
 
 @pytest.mark.serve
-def test_requests_get_503_until_ready(late_key: LateKey) -> None:
-    # Until the worker is loaded (here: the engine is up, the key is not), a request is never
-    # proxied: 503 with Retry-After and a JSON error, so the caller knows to come back.
-    launched = late_key.launched
-    if late_key.released:
-        pytest.fail("the key was released before this check ran (run it before test_key_served_late_is_picked_up)")
-    late_key.wait_sdk_gave_up()
-    result = launched.probe([{"name": "before ready", "payload": COMPLETION, "request_idx": 801}])["before ready"]
-    assert result["status"] == 503 and result["headers"].get("Retry-After") and isinstance(result["json"], dict), \
-        f"a request before the worker was ready got: {result}"
+def test_requests_get_503_until_ready(side: SideLaunches) -> None:
+    # Until the worker is loaded (here: its key is withheld), a request is never proxied: 503 with
+    # Retry-After and a JSON error, so the caller knows to come back. Probed as soon as the worker
+    # had reported (conftest.probe_before_ready).
+    side.get("latekey")
+    result = side.early_probe
+    assert 200 not in (result.get("key_fetches_before") or []), f"the key was served before the probe: {result}"
+    assert result.get("status") == 503 and (result.get("headers") or {}).get("Retry-After") \
+        and isinstance(result.get("json"), dict), f"a request before the worker was ready got: {result}"
 
 
 @pytest.mark.serve
-def test_key_served_late_is_picked_up(late_key: LateKey) -> None:
-    # The control plane does not answer /pubkey/ at boot (503) and does later: the worker must end
-    # up serving signed requests without anyone restarting the container, never 401 forever.
-    launched = late_key.launched
-    if not late_key.released:
-        late_key.wait_sdk_gave_up()
-        early = launched.probe([{"name": "withheld", "payload": COMPLETION, "request_idx": 601}])["withheld"]
-        assert early["status"] != 200, "a signed request was served while the worker could not have the key"
-        late_key.release()
+def test_key_served_late_is_picked_up(side: SideLaunches) -> None:
+    # The control plane does not give the key at boot and does after the SDK's own 5 tries: the
+    # worker must end up serving signed requests without anyone restarting the container (never
+    # 401 forever), and report ready.
+    launched = side.get("latekey")
+    started = launched.container.attrs["State"]["StartedAt"]
+
+    def fetches() -> list[int]:
+        return [r.get("status") for r in launched.records("/pubkey/")]
+
+    assert launched.wait_for(lambda: 200 in fetches(), READY_TIMEOUT, 1), \
+        f"the worker stopped asking for the key after {fetches()} (503 = withheld)\n{launched.logs()[-2000:]}"
+    assert fetches()[:SDK_PUBKEY_TRIES] == [503] * SDK_PUBKEY_TRIES, f"the key was not withheld first: {fetches()}"
     deadline = time.monotonic() + READY_TIMEOUT
     last: dict[str, Any] = {}
     while time.monotonic() < deadline and launched.running():
         last = launched.probe([{"name": "late", "payload": COMPLETION, "request_idx": 602}], timeout=30)["late"]
         if last["status"] == 200:
             break
-        time.sleep(3)
+        time.sleep(2)
     assert last.get("status") == 200, \
-        f"signed requests still not served {READY_TIMEOUT:.0f} s after the key became available: {last}\n" \
-        f"fetches: {[r.get('status') for r in launched.records('/pubkey/')]}\n{launched.logs()[-2000:]}"
+        f"signed requests still not served after the key was fetched: {last}\nfetches: {fetches()}\n" \
+        f"{launched.logs()[-2000:]}"
     assert launched.wait_for(lambda: any(is_ready_report(r) for r in launched.reports()), 60, 0.5), \
         f"no ready report after the key came: {[r.get('error_msg') for r in launched.reports()][-5:]}"
     launched.container.reload()
     attrs = launched.container.attrs
-    assert attrs["State"]["StartedAt"] == late_key.started and attrs.get("RestartCount", 0) == 0, \
-        "the container was restarted"
-    launched.container.remove(force=True)  # done with it: an idle engine slows the checks after it
+    assert attrs["State"]["StartedAt"] == started and attrs.get("RestartCount", 0) == 0, "the container was restarted"
 
 
 # ---- offline --------------------------------------------------------------------------------------
