@@ -78,11 +78,12 @@ class Served:
 
 
 @pytest.fixture
-def served(python: str, tmp_path: Path) -> Iterator[Served]:
+def served(python: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    withhold = getattr(request, "param", ["--withhold"])
     proc = subprocess.Popen([python, "-m", "controlplane", "--state", str(tmp_path), "serve", "--port", str(port),
-                             "--withhold"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             *withhold], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not (tmp_path / "address").exists():
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
@@ -104,6 +105,14 @@ def test_pubkey_withheld_then_served_as_the_sdk_reads_it(served: Served, python:
                            input=pem, capture_output=True, text=True, check=True)
     assert check.stdout.split() == ["2048", "False"]
     assert [r["status"] for r in served.records("/pubkey/")] == [503, 200]
+
+
+@pytest.mark.parametrize("served", [["--withhold-for", "2"]], indirect=True)
+def test_withhold_for_n_fetches_then_serve(served: Served) -> None:
+    # The gate's late-key launch: exactly the SDK's own tries are refused, the next one gets the key.
+    statuses = [served.get("/pubkey/")[0] for _ in range(4)]
+    assert statuses == [503, 503, 200, 200]
+    assert [r["status"] for r in served.records("/pubkey/")] == statuses
 
 
 def test_reports_and_stray_calls_are_recorded(served: Served) -> None:
