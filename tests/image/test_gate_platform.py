@@ -157,8 +157,8 @@ def test_request_outcomes_reported(serverless: Launched) -> None:
               for idx, mode in refused.items()]
     cases.append({"name": "unreadable 306", "envelope": {"auth_data": {"request_idx": 306}}})
     results = serverless.probe(cases)
-    assert all(results[f"served {i}"]["status"] == 200 for i in served), _summary(results)
-    assert all(results[f"refused {i}"]["status"] == 401 for i in refused), _summary(results)
+    wrong = {n: r for n, r in results.items() if r["status"] != {"served": 200, "refused": 401}.get(n.split()[0], 422)}
+    assert not wrong, f"requests not answered as expected (served 200, refused 401, unreadable 422):\n{_summary(wrong)}"
 
     def outcomes() -> dict[int, dict[str, Any]]:
         return {r["request_idx"]: r for r in serverless.deleted_requests() if isinstance(r.get("request_idx"), int)}
