@@ -5,11 +5,11 @@ ENGINE ?= llama
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup image images test lint render bench clean
+.PHONY: setup image images test lint render render-check bench clean
 
 # Host prerequisites (debootstrap, Python packages) - idempotent, quick when already done.
 setup: $(VENV)/.ready
-$(VENV)/.ready: requirements-dev.txt scripts/setup-host
+$(VENV)/.ready: requirements-dev.txt requirements-dev.lock scripts/setup-host
 	bash scripts/setup-host $(VENV)
 	touch $@
 
@@ -28,8 +28,12 @@ lint: setup
 	for f in .cache/rendered/*/Dockerfile; do $(VENV)/bin/hadolint --config .hadolint.yaml $$f || exit 1; done
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
+# rendered/<engine>/Dockerfile is committed (generated): regenerate after any spec or template change.
 render: setup
-	$(PY) build.py --all --render-only --out out
+	$(PY) -m bakery.rendered
+
+render-check: setup
+	$(PY) -m bakery.rendered --check
 
 bench: setup
 	$(PY) bench/run.py

@@ -16,7 +16,10 @@ Each target carries one **candidate** tag, never a release tag: release tags com
 verification gate (bakery.release / build.py). Cache settings are not in the file (they depend on
 the builder: the default `docker` driver exports none); `python -m bakery.bakefile ci` writes an
 override file with them, and with named contexts for the locally made images a docker-container,
-remote or kubernetes builder cannot see (see README, "Bake file").
+remote or kubernetes builder cannot see (see README, "Bake file"). With `--pin-bases` it also pins
+each registry base to the digest it resolves to now (a named context `docker-image://ref@sha256:...`,
+so the build cannot drift from it) and labels the image with that digest
+(`org.opencontainers.image.base.digest`), which `bakery.release verify` records.
 """
 
 from __future__ import annotations
@@ -32,12 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from bakery import __version__
-from bakery.errors import BakeryError, InputError
+from bakery.errors import BakeryError, BuildError, InputError
 from bakery.render import RenderOptions, render, write_context
 from bakery.spec import EngineSpec
 from bakery.tags import arch, candidate_tag, check_repository
 
 LOCAL_PREFIX = "bakery-local/"  # images made on the build machine by bakery.bases
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"  # OCI's annotation for the base's digest
+BASE_NAME_LABEL = "org.opencontainers.image.base.name"
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<ref>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$",
+                   re.MULTILINE | re.IGNORECASE)
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
 
@@ -73,8 +81,8 @@ def plan_targets(specs: list[EngineSpec], *, local: bool) -> list[TargetPlan]:
     for spec in specs:
         if local:
             if not spec.base.local:
-                raise InputError(f"images/{spec.name}.yaml: base.local is not set, so --local has no base to use")
-            from bakery.bases import BASES  # names only: no Docker needed to write the file
+                raise InputError(f"{spec.spec_path}: base.local is not set, so --local has no base to use")
+            from bakery.base_catalogue import BASES  # names only: no Docker needed to write the file
 
             plans.append(TargetPlan(spec, host_platform(), "local", BASES[spec.base.local].ref))
         else:
@@ -111,8 +119,10 @@ def bake_definition(plans: list[TargetPlan], *, repository: str, build_args: dic
 
 def write_bake_file(specs: list[EngineSpec], path: Path, *, local: bool = False, repository: str = "bakery",
                     wheelhouse: Callable[[str], Path] | None = None,
-                    build_args: dict[str, str] | None = None, quiet: bool = False) -> Path:
-    """Write the bake file at `path` (must end in .json) and every target's context next to it."""
+                    build_args: dict[str, str] | None = None, quiet: bool = False,
+                    templates_dir: Path | None = None) -> Path:
+    """Write the bake file at `path` (must end in .json) and every target's context next to it;
+    `templates_dir` is searched before the repository's templates/."""
     path = Path(path)
     if path.suffix != ".json":
         raise InputError(f"--bake-file {path}: the bake file is JSON; give it a .json name (e.g. docker-bake.json)")
@@ -131,7 +141,7 @@ def write_bake_file(specs: list[EngineSpec], path: Path, *, local: bool = False,
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     for plan in plans:
-        rendered = render(plan.spec, RenderOptions(base_image=plan.base_image))
+        rendered = render(plan.spec, RenderOptions(base_image=plan.base_image, templates_dir=templates_dir))
         write_context(rendered, directory / plan.context, wheelhouse(plan.platform))
     definition = bake_definition(plans, repository=repository, build_args=build_args)
     path.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
@@ -176,14 +186,70 @@ def local_images(bake_dir: Path, target: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(ref for ref in refs if ref.startswith(LOCAL_PREFIX)))
 
 
+def registry_bases(bake_dir: Path, target: dict[str, Any]) -> tuple[list[str], str | None]:
+    """The registry images (not local, not an earlier stage) a target's Dockerfile starts FROM, and the
+    image's base (its last FROM) when that is one of them."""
+    dockerfile = Path(bake_dir) / target["context"] / target.get("dockerfile", "Dockerfile")
+    stages: set[str] = set()
+    refs: list[str] = []
+    last: str | None = None
+    for match in _FROM.finditer(dockerfile.read_text(encoding="utf-8")):
+        ref = match["ref"]
+        external = ref.lower() not in stages and not ref.startswith(LOCAL_PREFIX) and ref != "scratch"
+        if external and ref not in refs:
+            refs.append(ref)
+        last = ref if external else None
+        if match["alias"]:
+            stages.add(match["alias"].lower())
+    return refs, last
+
+
+def pinned_digest(ref: str) -> str | None:
+    """The digest a reference already pins (`name[:tag]@sha256:...`), else None."""
+    _, at, digest = ref.rpartition("@")
+    return digest if at and DIGEST.match(digest) else None
+
+
+def registry_digest(ref: str) -> str:
+    """The digest `ref` resolves to in its registry now (the index digest for a multi-platform image),
+    asked through the Docker engine's distribution API."""
+    import docker.errors
+
+    from bakery.docker_engine import client
+
+    try:
+        digest = client().images.get_registry_data(ref).id
+    except docker.errors.APIError as exc:
+        raise BuildError(f"cannot resolve the digest of {ref}: {exc.explanation or exc}") from None
+    if not DIGEST.match(str(digest)):
+        raise BuildError(f"the registry answered {digest!r} as the digest of {ref}: not a sha256 digest")
+    return str(digest)
+
+
+def base_pins(bake: dict[str, Any], bake_dir: Path, name: str,
+              resolve: Callable[[str], str] = registry_digest) -> tuple[dict[str, str], dict[str, str]]:
+    """Named contexts that pin a target's registry bases to digests, and the image's base-digest label."""
+    contexts: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    refs, base = registry_bases(bake_dir, target_of(bake, name))
+    for ref in refs:
+        digests[ref] = pinned_digest(ref) or resolve(ref)
+        if not pinned_digest(ref):
+            contexts[ref] = f"docker-image://{ref}@{digests[ref]}"
+    return contexts, ({BASE_DIGEST_LABEL: digests[base]} if base else {})
+
+
 def ci_override(bake: dict[str, Any], bake_dir: Path, targets: list[str], *, registry: str | None,
-                cache: str | None, scope: str = "bakery") -> dict[str, Any]:
+                cache: str | None, scope: str = "bakery",
+                pin_bases: Callable[[str], str] | None = None) -> dict[str, Any]:
     """A second bake file that `-f docker-bake.json -f override.json` merges over the first.
 
     `registry`: where the locally made images were pushed (e.g. localhost:5000); each one becomes a
     named context `docker-image://<registry>/<ref>`, so a docker-container, remote or kubernetes
     builder finds them. `cache`: "gha" for GitHub Actions' cache (scope per target), or a registry
-    ref prefix for `type=registry` cache, or None.
+    ref prefix for `type=registry` cache, or None. `pin_bases`: a resolver (ref -> digest, e.g.
+    registry_digest); each registry base becomes a named context pinned to its digest and the image
+    gets the BASE_DIGEST_LABEL of its base (a base the spec already pins keeps its own digest).
     """
     override: dict[str, Any] = {"target": {}}
     for name in targets:
@@ -192,6 +258,12 @@ def ci_override(bake: dict[str, Any], bake_dir: Path, targets: list[str], *, reg
         if registry:
             entry["contexts"] = {ref: f"docker-image://{registry.rstrip('/')}/{ref}"
                                  for ref in local_images(bake_dir, target)}
+        if pin_bases:
+            contexts, labels = base_pins(bake, bake_dir, name, pin_bases)
+            if contexts:
+                entry["contexts"] = {**entry.get("contexts", {}), **contexts}
+            if labels:
+                entry["labels"] = labels
         if cache == "gha":
             entry["cache-from"] = [f"type=gha,scope={scope}-{name}"]
             entry["cache-to"] = [f"type=gha,scope={scope}-{name},mode=max,ignore-error=true"]
@@ -226,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ci.add_argument("--registry", help="registry the builder can pull from, e.g. localhost:5000")
     ci.add_argument("--cache", help="'gha', or a registry repository for type=registry cache")
     ci.add_argument("--scope", default="bakery", help="cache scope prefix (default: bakery)")
+    ci.add_argument("--pin-bases", action="store_true",
+                    help="pin each registry base to the digest it resolves to now, and label the image with it")
     ci.add_argument("--out", type=Path, required=True, help="where to write the override (JSON)")
     args = parser.parse_args(argv)
     try:
@@ -236,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                       for ref in local_images(bake_dir, target_of(bake, name, args.bake_file))))
             push_local_images(refs, args.registry, lambda m: print(f"[bakery.bakefile] {m}", file=sys.stderr))
         override = ci_override(bake, bake_dir, args.target, registry=args.registry, cache=args.cache,
-                               scope=args.scope)
+                               scope=args.scope, pin_bases=registry_digest if args.pin_bases else None)
         args.out.write_text(json.dumps(override, indent=2) + "\n", encoding="utf-8")
     except BakeryError as exc:
         print(f"bakery.bakefile: {exc}", file=sys.stderr)

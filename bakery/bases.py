@@ -1,4 +1,7 @@
-"""Local base images: the images our builds and tests start FROM, made on this machine.
+"""Local base images: how the images our builds and tests start FROM are made on this machine.
+
+What each base is (name, ref, parent, what it serves) is the catalogue, bakery/base_catalogue.py;
+this module makes them.
 
 This machine (and CI) has a Docker engine but no registry: nothing can be pulled and the engine
 starts with no images. `ensure_base(name)` makes one of the bases below on demand, with no network
@@ -35,20 +38,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bakery.artifacts import cache_dir
+from bakery.base_catalogue import (  # the catalogue: what each base is (re-exported for callers)
+    BASES,
+    DEBIAN_SUITE,
+    IN_IMAGE_MODEL,
+    LLAMA_DIR,
+    SGLANG_STANDIN_VERSION,
+    STANDIN_DIR,
+    VLLM_STANDIN_VERSION,
+    Base,
+)
 from bakery.errors import BuildError, InputError
+from bakery.paths import cache_path
 from bakery.worker_env import XLLAMACPP_VERSION, smollm2_model_path, xllamacpp_wheel_dir
 
-__all__ = ["BASES", "Base", "ensure_base", "image_info", "smollm2_model_path"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BASES_DIR = REPO_ROOT / "bases"
-STANDIN_DIR = BASES_DIR / "standin"
-LLAMA_DIR = BASES_DIR / "llama-cpp"
+__all__ = ["BASES", "DEBIAN_SUITE", "IN_IMAGE_MODEL", "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "Base",
+           "ensure_base", "image_info", "smollm2_model_path"]
 
 # Namespaced under org.bakery.base.*: images built FROM a base inherit its labels, and there they read
 # correctly ("built on base X, made from inputs Y") without clashing with labels of bakery's products.
@@ -57,7 +65,7 @@ NAME_LABEL = "org.bakery.base.name"
 PARENT_LABEL = "org.bakery.base.parent"
 RECIPE_VERSION = "1"  # bump to force every base to be rebuilt
 
-DEBIAN_SUITE = "bookworm"
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")  # checks the Release file
 # libgomp1 (OpenMP runtime, 300 kB) is what llama.cpp's CPU build links against; the llama-cpp base
 # cannot apt-get it (no network in builds), so the debian base carries it.
 DEBIAN_PACKAGES = ("python3", "python3-venv", "iproute2", "ca-certificates", "procps", "tini", "libgomp1")
@@ -85,53 +93,10 @@ rm -rf /tmp/purge.log /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debco
 rm -f /.dockerenv
 if ls /usr/bin/python* /usr/local/bin/python* >/dev/null 2>&1; then echo "python is still there"; exit 1; fi
 """
-IN_IMAGE_MODEL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_TARGET_PYTHON = "3.11"  # Debian 12's python3
 LLAMA_WHEEL_PLATFORM = "manylinux2014_x86_64"
 
 Progress = Callable[[str], None]
-
-
-def _standin_versions() -> tuple[str, str]:
-    """The engine versions whose grammar the stand-ins reproduce (bases/standin/bakery_standin)."""
-    text = (STANDIN_DIR / "bakery_standin" / "__init__.py").read_text()
-    found = dict(re.findall(r'^(VLLM_VERSION|SGLANG_VERSION) = "([^"]+)"', text, re.M))
-    return found["VLLM_VERSION"], found["SGLANG_VERSION"]
-
-
-VLLM_STANDIN_VERSION, SGLANG_STANDIN_VERSION = _standin_versions()
-
-
-@dataclass(frozen=True)
-class Base:
-    """One local base: its catalogue name, image ref, parent base (if any) and what it is for."""
-
-    name: str
-    ref: str
-    parent: str | None
-    description: str
-
-
-BASES: dict[str, Base] = {
-    b.name: b
-    for b in (
-        Base("debian", f"bakery-local/debian:{DEBIAN_SUITE}", None,
-             "Debian 12 minbase (debootstrap + docker import) with python3 3.11, python3-venv, "
-             "iproute2 (ss), ca-certificates, procps and tini; docs and apt caches removed."),
-        Base("debian-nopython", f"bakery-local/debian-nopython:{DEBIAN_SUITE}", "debian",
-             "The debian base with every python3 package purged: proves the worker brings its own "
-             "Python onto a base that has none (as llama.cpp's official server image)."),
-        Base("vllm-standin", f"bakery-local/vllm-standin:{VLLM_STANDIN_VERSION}", "debian",
-             "debian + the vLLM STAND-IN (no model, no GPU): `vllm serve M` and "
-             "`python3 -m vllm.entrypoints.openai.api_server`, vLLM's log lines and /health."),
-        Base("sglang-standin", f"bakery-local/sglang-standin:{SGLANG_STANDIN_VERSION}", "debian",
-             "debian + the SGLang STAND-IN (no model, no GPU): `python3 -m sglang.launch_server`, "
-             "SGLang's log lines and /health (503 while starting)."),
-        Base("llama-cpp", f"bakery-local/llama-cpp:{XLLAMACPP_VERSION}", "debian",
-             "debian + a REAL llama.cpp server (xllamacpp in /opt/llama/venv) as /app/llama-server, "
-             f"with the SmolLM2-135M-Instruct Q4_1 model at {IN_IMAGE_MODEL}."),
-    )
-}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -189,7 +154,7 @@ def _docker() -> Any:
 @contextlib.contextmanager
 def _locked(name: str, say: Progress) -> Iterator[None]:
     """Serialise the making of one base across processes (a file lock in the cache)."""
-    lock_dir = cache_dir() / "locks"
+    lock_dir = cache_path("locks")
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"base-{name}.lock", "w") as handle:
         try:
@@ -421,7 +386,7 @@ def _rm(root: Path, path: Path) -> None:
 
 def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
     """debootstrap Debian into `cache_dir()/rootfs/debian-<suite>-<inputs>` (reused when complete)."""
-    rootfs_dir = cache_dir() / "rootfs"
+    rootfs_dir = cache_path("rootfs")
     rootfs_dir.mkdir(parents=True, exist_ok=True)
     target = rootfs_dir / f"debian-{DEBIAN_SUITE}-{inputs[:12]}"
     done = target / ".bakery-complete"
@@ -434,12 +399,18 @@ def _debian_rootfs(inputs: str, say: Progress, fresh: bool) -> Path:
         for stale in rootfs_dir.glob(pattern):
             if stale.is_dir():
                 _remove_tree(stale)
-    debs = cache_dir() / "debootstrap-debs"  # downloaded packages, kept: a re-run only unpacks
+    debs = cache_path("debootstrap-debs")  # downloaded packages, kept: a re-run only unpacks
     debs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".debian-{DEBIAN_SUITE}-", dir=rootfs_dir))
     log_path = rootfs_dir / f"debian-{DEBIAN_SUITE}.debootstrap.log"
+    # Every .deb is pinned by the signed Release file's hashes; an explicit keyring makes debootstrap
+    # refuse (rather than warn and go on) when it cannot check that signature.
+    if not DEBIAN_KEYRING.is_file():
+        raise BuildError(f"{DEBIAN_KEYRING} is missing, so debootstrap could not verify what it downloads: "
+                         "run `apt-get install debian-archive-keyring` (or scripts/setup-host)")
     cmd = [debootstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-           "--components=main", f"--cache-dir={debs.resolve()}", DEBIAN_SUITE, str(work), mirror]
+           "--components=main", f"--keyring={DEBIAN_KEYRING}", f"--cache-dir={debs.resolve()}",
+           DEBIAN_SUITE, str(work), mirror]
     say(f"debian: debootstrap {DEBIAN_SUITE} (minbase + {', '.join(DEBIAN_PACKAGES)}) from {mirror} "
         "(about a minute)")
     started = time.monotonic()
@@ -621,7 +592,7 @@ def _make_llama(client: Any, base: Base, inputs: str, parent_id: str | None, say
     say(f"llama-cpp: preparing xllamacpp {XLLAMACPP_VERSION} wheel and the SmolLM2 model on the host")
     wheels = xllamacpp_wheel_dir(LLAMA_TARGET_PYTHON, LLAMA_WHEEL_PLATFORM)
     model = smollm2_model_path()
-    build_root = cache_dir() / "build"
+    build_root = cache_path("build")
     build_root.mkdir(parents=True, exist_ok=True)
     context = Path(tempfile.mkdtemp(prefix="llama-cpp-", dir=build_root))
     try:

@@ -15,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.artifacts import cache_dir
 from bakery.docker_engine import client
 from bakery.errors import BuildError, InputError
+from bakery.paths import REPO_ROOT, cache_path
 from bakery.render import Rendered, write_context
-from bakery.spec import REPO_ROOT
 from bakery.wheelhouse import wheelhouse
 
 Progress = Callable[[str], None]
@@ -76,7 +75,7 @@ def build_args() -> dict[str, str]:
 
 def context_dir(name: str) -> Path:
     """Where the build context for `name` is laid out."""
-    return cache_dir() / "contexts" / name
+    return cache_path("contexts", name)
 
 
 def build_context(context: Path, progress: Progress, buildargs: dict[str, str] | None = None,

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from bakery import __version__
 from bakery.errors import BakeryError, InputError
-from bakery.render import RenderOptions, render
+from bakery.image_ref import ReferenceRefused, check_reference
+from bakery.render import RenderOptions, check_templates_dir, render
 from bakery.spec import EngineSpec, available_engines, load_engine
+from bakery.tags import check_repository
 
 EPILOG = """\
 examples:
@@ -21,6 +23,8 @@ examples:
   python build.py --engine llama --local             build on this machine's llama.cpp base and verify
   python build.py --engine vllm --base-image REF     build on another base image and verify
   python build.py --all --local --json               build + verify every engine, JSON summary
+  python build.py --images-dir ../team/images --templates-dir ../team/templates --engine tgi --local
+                                                     an engine whose spec and template live elsewhere
   python build.py --engine llama --push --repository ghcr.io/acme
                                                      verify, then push the verified digest
 
@@ -49,7 +53,12 @@ def make_parser() -> argparse.ArgumentParser:
     pick = p.add_argument_group("which engines")
     pick.add_argument("--engine", action="append", metavar="NAME", default=[],
                       help="an engine from images/<NAME>.yaml (repeatable), e.g. --engine llama")
-    pick.add_argument("--all", action="store_true", help="every engine in images/")
+    pick.add_argument("--all", action="store_true", help="every engine in images/ (or in --images-dir)")
+    pick.add_argument("--images-dir", type=Path, metavar="DIR",
+                      help="read <engine>.yaml specs from DIR instead of the repository's images/")
+    pick.add_argument("--templates-dir", type=Path, metavar="DIR",
+                      help="look for templates in DIR first, then in the repository's templates/ "
+                           "(so a template there may extend base.Dockerfile.j2)")
     what = p.add_argument_group("what to do (default: render, build, verify, tag)")
     what.add_argument("--list", action="store_true", help="list engines with their base images")
     what.add_argument("--show", action="store_true",
@@ -78,20 +87,22 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _engines(args: argparse.Namespace) -> list[EngineSpec]:
-    names = available_engines() if args.all else args.engine
+    names = available_engines(args.images_dir) if args.all else args.engine
     if not names:
-        raise InputError(f"no engine chosen: pass --engine NAME (one of {', '.join(available_engines())}) or --all")
+        where = f" in {args.images_dir}" if args.images_dir else ""
+        raise InputError(f"no engine chosen: pass --engine NAME (one of "
+                         f"{', '.join(available_engines(args.images_dir)) or 'none'}{where}) or --all")
     seen: list[str] = []
     for name in names:
         if name not in seen:
             seen.append(name)
-    return [load_engine(name) for name in seen]
+    return [load_engine(name, args.images_dir) for name in seen]
 
 
-def cmd_list() -> int:
+def cmd_list(images_dir: Path | None = None) -> int:
     """Print each engine with its production and local base."""
-    for name in available_engines():
-        spec = load_engine(name)
+    for name in available_engines(images_dir):
+        spec = load_engine(name, images_dir)
         print(f"{spec.name:8} {spec.base.image:45} local: {spec.base.local or '-':15} {spec.description}")
     return 0
 
@@ -114,26 +125,55 @@ def cmd_render(specs: list[EngineSpec], args: argparse.Namespace) -> int:
 
 
 def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions:
-    if args.base_image:
-        return RenderOptions(base_image=args.base_image)
+    if args.base_image is not None:
+        return RenderOptions(base_image=args.base_image, base_image_source="--base-image",
+                             templates_dir=args.templates_dir)
     if args.local:
-        from bakery.bases import BASES  # imported only here: plain rendering needs no Docker
+        ref, source = local_base(spec)
+        return RenderOptions(base_image=ref, base_image_source=source, templates_dir=args.templates_dir)
+    return RenderOptions(templates_dir=args.templates_dir)
 
-        if not spec.base.local:
-            raise InputError(f"images/{spec.name}.yaml: base.local is not set, so --local has no base to use")
-        return RenderOptions(base_image=BASES[spec.base.local].ref)
-    return RenderOptions()
+
+def local_base(spec: EngineSpec) -> tuple[str, str]:
+    """The image ref of the spec's local base, and where it comes from; InputError when it has none."""
+    from bakery.base_catalogue import BASES  # the catalogue only: plain rendering needs no Docker
+
+    where = f"{spec.spec_path}: base.local"
+    if not spec.base.local:
+        raise InputError(f"{where} is not set, so --local has no base to use")
+    if spec.base.local not in BASES:
+        raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
+    return BASES[spec.base.local].ref, f"{where} ({spec.base.local!r})"
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse option values that could never be used as given, before anything else runs."""
+    if args.out and not args.render_only:
+        raise InputError("--out goes with --render-only")
+    if args.images_dir is not None and not args.images_dir.is_dir():
+        raise InputError(f"--images-dir {args.images_dir}: not a directory (it holds the <engine>.yaml specs)")
+    if args.templates_dir is not None:
+        check_templates_dir(args.templates_dir)
+    if args.base_image is not None:
+        try:
+            check_reference(args.base_image)
+        except ReferenceRefused as exc:
+            raise InputError(f"--base-image {args.base_image!r}: not a valid image reference: {exc}") from None
+    if args.repository != "bakery":
+        check_repository(args.repository)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run build.py; returns the process exit code."""
     args = make_parser().parse_args(argv)
     try:
-        if args.out and not args.render_only:
-            raise InputError("--out goes with --render-only")
+        check_arguments(args)
         if args.list:
-            return cmd_list()
+            return cmd_list(args.images_dir)
         specs = _engines(args)
+        if args.local and not args.base_image:
+            for spec in specs:
+                local_base(spec)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
             from bakery.show import show
 
@@ -145,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.bake_file:
             from bakery.bakefile import write_bake_file
 
-            write_bake_file(specs, args.bake_file, local=args.local, repository=args.repository)
+            write_bake_file(specs, args.bake_file, local=args.local, repository=args.repository,
+                            templates_dir=args.templates_dir)
             return 0
         from bakery.pipeline import run_pipeline
 

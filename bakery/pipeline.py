@@ -43,7 +43,8 @@ def run_engine(spec: EngineSpec, args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     base, variant = resolve_base(spec, args, progress)
     bases.ensure_base("debian", progress=progress)  # the bundled-Python stage builds from it
-    rendered = render(spec, RenderOptions(base_image=base, runtime_image=DEFAULT_RUNTIME_IMAGE))
+    rendered = render(spec, RenderOptions(base_image=base, runtime_image=DEFAULT_RUNTIME_IMAGE,
+                                          templates_dir=getattr(args, "templates_dir", None)))
     progress(f"building on {base} ({variant} base)")
     built = build_image(rendered, progress)
     progress(f"built {built.image_id[:19]} ({built.steps} steps, {built.cached_steps} from cache)")
@@ -54,7 +55,8 @@ def run_engine(spec: EngineSpec, args: argparse.Namespace) -> dict[str, Any]:
         summary.update(ok=True, verified=False)
     else:
         progress("verifying (tests/image)")
-        gate = run_gate(built.image_id, spec.name, variant=variant, quiet=args.quiet, progress=progress)
+        gate = run_gate(built.image_id, spec.name, variant=variant, quiet=args.quiet, progress=progress,
+                        images_dir=getattr(args, "images_dir", None))
         summary.update(verified=gate.passed, checks_run=gate.ran, failed_checks=gate.failed,
                        gate_seconds=round(gate.seconds, 1))
         if not gate.passed:

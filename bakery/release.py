@@ -10,6 +10,11 @@ The release path, one platform per job, then one manifest job per release (.gith
                                                         image id, then `docker buildx imagetools create`
                                                         the release tags from those digests only
 
+Where buildx does not exist (this project's own test machines), `assemble --tool manifest` makes the
+same index from the same digests with the Docker CLI's `docker manifest create/push`, and
+`--rehearsal` lets a local build (tags `...-local`, never `latest`) go through verify --push and
+assemble, so the release path is rehearsed against a real registry before GitHub runs it.
+
 A record exists only for an image whose gate passed, and the manifest is made from records only, so
 a digest nobody verified can never reach a release tag. `python -m bakery.release matrix` prints the
 GitHub Actions matrix (one job per bake target) from the same plan the bake file is written from.
@@ -26,7 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakery.bakefile import engine_of, load_bake_file, plan_targets, target_of
+from bakery.bakefile import (
+    BASE_DIGEST_LABEL,
+    BASE_NAME_LABEL,
+    DIGEST,
+    engine_of,
+    load_bake_file,
+    pinned_digest,
+    plan_targets,
+    target_of,
+)
 from bakery.errors import BakeryError, BuildError, InputError, VerificationError
 from bakery.spec import available_engines, load_engine
 from bakery.tags import check_repository, platform_tag, release_tags
@@ -52,6 +66,8 @@ class VerifiedRecord:
     pushed_ref: str = ""  # the per-platform tag pushed
     digest: str = ""  # the pushed manifest's digest (sha256:...)
     version: int = RECORD_VERSION
+    base_image: str = ""  # the base the image was built on (its org.opencontainers.image.base.name)
+    base_digest: str = ""  # the digest that base resolved to at build time (org.opencontainers.image.base.digest)
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -105,11 +121,38 @@ def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str)
     return image_id
 
 
+def image_labels(image_id: str) -> dict[str, str]:
+    """The labels of an image on the local engine."""
+    from bakery.docker_engine import client
+
+    return dict(client().images.get(image_id).labels or {})
+
+
+def built_base(image_id: str, target: str, *, required: bool) -> tuple[str, str]:
+    """The base name and digest an image records in its labels; a release (required) must have both,
+    and a base the spec pinned by digest must be that digest."""
+    labels = image_labels(image_id)
+    name, digest = labels.get(BASE_NAME_LABEL, ""), labels.get(BASE_DIGEST_LABEL, "")
+    if digest and not DIGEST.match(digest):
+        raise BuildError(f"{target}: {image_id[:19]} labels {BASE_DIGEST_LABEL}={digest!r}: not a sha256 digest")
+    pinned = pinned_digest(name)
+    if pinned and digest and pinned != digest:
+        raise BuildError(f"{target}: {image_id[:19]} names the base {name} but records {digest}: not that image")
+    digest = digest or pinned or ""
+    if required and not digest:
+        raise InputError(f"{target}: {image_id[:19]} records no base digest ({BASE_DIGEST_LABEL}): a release must "
+                         f"say what it was built on; write the override with `python -m bakery.bakefile ci "
+                         f"--pin-bases` (or pin the spec's base.image by @sha256:)")
+    return name, digest
+
+
 def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = False,
-                  metadata_file: Path | None = None, gate: Callable[..., Any] | None = None) -> VerifiedRecord:
+                  metadata_file: Path | None = None, gate: Callable[..., Any] | None = None,
+                  rehearsal: bool = False) -> VerifiedRecord:
     """Gate the image a bake target built; on a pass tag it (and push it), and write its record.
 
     Raises VerificationError when the gate fails: then nothing is tagged, pushed or recorded.
+    Only production builds are pushed, unless `rehearsal` (a local build, whose tags say `-local`).
     """
     from bakery.publish import push_verified, tag_verified
 
@@ -127,8 +170,11 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     prefix = repository.rpartition("/")[0]
     metadata = json.loads(Path(metadata_file).read_text()) if metadata_file else None
     image_id = built_image_id(candidate, metadata, target)
-    if push and variant != "production":
-        raise InputError(f"{target} is built on a {variant} base: only production builds are pushed for release")
+    if push and variant != "production" and not (rehearsal and variant == "local"):
+        raise InputError(f"{target} is built on a {variant} base: only production builds are pushed for release "
+                         "(--rehearsal pushes a local build, tagged -local)")
+    # A local base made here has no registry digest to record; a production release must have one.
+    base_image, base_digest = built_base(image_id, target, required=push and variant == "production")
     _say(f"{target}: verifying {image_id[:19]} ({candidate}), gate level {variant}")
     result = gate(image_id, engine, variant=variant, quiet=True, progress=_say)
     if not result.passed:
@@ -141,7 +187,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     tag_verified(image_id, tags, verified=True)
     record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
                             repository=repository, revision=revision, image_id=image_id,
-                            checks_run=result.ran, tags=tags)
+                            checks_run=result.ran, tags=tags, base_image=base_image, base_digest=base_digest)
     if push:
         pushed = push_verified(image_id, tags, verified=True, progress=_say)[0]
         ref, _, digest = pushed.partition("@")
@@ -168,6 +214,40 @@ def imagetools_inspect_raw(ref: str) -> dict[str, Any] | None:
     return json.loads(proc.stdout)
 
 
+def is_loopback(registry: str) -> bool:
+    """True for a registry on this machine, which the Docker engine reaches over plain HTTP by default."""
+    host = registry.partition("]")[0] + "]" if registry.startswith("[") else registry.partition(":")[0]
+    return host.startswith("127.") or host in ("localhost", "[::1]")
+
+
+def _insecure(ref: str) -> list[str]:
+    # `docker manifest` wants --insecure for a plain-HTTP registry; only loopback gets it, as in the engine.
+    from bakery.publish import registry_of
+
+    return ["--insecure"] if is_loopback(registry_of(ref)) else []
+
+
+def docker_manifest_inspect(ref: str) -> dict[str, Any] | None:
+    """The manifest (or manifest list) at `ref` read with `docker manifest inspect`, or None when absent.
+
+    It reads the registry, except for a list still in the CLI's local store (~/.docker/manifests):
+    `assemble` drops those first (forget_local_lists), and `push --purge` drops each one it pushes.
+    """
+    proc = subprocess.run(["docker", "manifest", "inspect", *_insecure(ref), ref], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        if "no such manifest" in proc.stderr.lower():
+            return None
+        from bakery.publish import registry_of
+
+        detail = " ".join(proc.stderr.split())[-300:]
+        raise BuildError(f"cannot read {ref} from registry {registry_of(ref)}: {detail}")
+    return json.loads(proc.stdout)
+
+
+INSPECT = {"imagetools": imagetools_inspect_raw, "manifest": docker_manifest_inspect}
+
+
 @dataclass
 class ManifestPlan:
     """One engine's release: the tags to create and the verified digests they list."""
@@ -178,20 +258,41 @@ class ManifestPlan:
     pinned: str | None = None  # the commit tag: written once, never moved
 
     def command(self) -> list[str]:
+        """The `docker buildx imagetools create` call that makes every tag at once (the GitHub path)."""
         return ["docker", "buildx", "imagetools", "create",
                 *[arg for tag in self.tags for arg in ("--tag", tag)], *self.sources]
 
+    def manifest_commands(self) -> list[list[str]]:
+        """The same index with the Docker CLI: per tag, `docker manifest create` then `push --purge`
+        (the CLI keeps a created list locally until it is pushed; --purge drops it afterwards)."""
+        commands = []
+        for tag in self.tags:
+            insecure = _insecure(tag)
+            commands += [["docker", "manifest", "create", *insecure, tag, *self.sources],
+                         ["docker", "manifest", "push", *insecure, "--purge", tag]]
+        return commands
 
-def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False) -> list[ManifestPlan]:
-    """Group records per engine and check them: production, pushed, one per platform, one revision."""
+    def commands(self, tool: str) -> list[list[str]]:
+        """What `tool` (imagetools or manifest) runs to create this plan's tags."""
+        return [self.command()] if tool == "imagetools" else self.manifest_commands()
+
+
+def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False,
+                   variant: str = "production") -> list[ManifestPlan]:
+    """Group records per engine and check them: production, pushed, one per platform, one revision.
+
+    `variant="local"` is the rehearsal: local records only, and their tags carry `-local`.
+    """
     if not records:
         raise InputError("no verified records: nothing passed the gate, so nothing is published")
     by_engine: dict[str, list[VerifiedRecord]] = {}
     for record in records:
         if record.version != RECORD_VERSION:
             raise InputError(f"{record.target}: record version {record.version}, expected {RECORD_VERSION}")
-        if record.variant != "production":
-            raise InputError(f"{record.target}: built on a {record.variant} base; only production images are released")
+        if record.variant != variant:
+            expected = "only production images are released" if variant == "production" else \
+                f"this release takes {variant} builds only"
+            raise InputError(f"{record.target}: built on a {record.variant} base; {expected}")
         if not record.digest.startswith("sha256:") or not record.image_id.startswith("sha256:"):
             raise InputError(f"{record.target}: the record has no pushed digest; it was not pushed")
         by_engine.setdefault(record.engine, []).append(record)
@@ -211,7 +312,7 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
                 raise InputError(f"{engine}: records disagree on {attr}: {', '.join(sorted(values))}")
         repository, revision = group[0].repository, group[0].revision
         check_repository(repository)
-        tags = release_tags(spec, repository=repository.rpartition("/")[0], variant="production", revision=revision)
+        tags = release_tags(spec, repository=repository.rpartition("/")[0], variant=variant, revision=revision)
         ordered = sorted(group, key=lambda r: r.platform)
         pinned = tags[0] if f"-g{revision[:7]}" in tags[0] else None
         plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.digest}" for r in ordered], pinned))
@@ -219,7 +320,9 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
 
 
 def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[str, Any] | None]) -> None:
-    """Each pushed digest must be a single-platform image whose config digest IS the verified image id."""
+    """Each pushed digest must be a single-platform image whose config digest IS the verified image id,
+    and the per-platform tag the gate's job pushed must still hold it (a moved tag means someone
+    published over the verified image after the gate ran)."""
     for record in records:
         ref = f"{record.repository}@{record.digest}"
         manifest = inspect(ref)
@@ -229,6 +332,11 @@ def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[s
         if config != record.image_id:
             raise VerificationError(f"{ref} holds config {config}, not the verified image {record.image_id}: "
                                     "refusing to publish it")
+        if record.pushed_ref:
+            at_tag = inspect(record.pushed_ref)
+            if at_tag != manifest:
+                raise VerificationError(f"{record.pushed_ref} no longer holds the verified {record.digest} (it holds "
+                                        f"{_describe(at_tag)}): moved after the gate ran; refusing to publish")
 
 
 def _holds(found: dict[str, Any] | None, group: list[VerifiedRecord]) -> bool:
@@ -240,8 +348,17 @@ def _holds(found: dict[str, Any] | None, group: list[VerifiedRecord]) -> bool:
     if found is None:
         return False
     if "manifests" in found:
-        return {m.get("digest") for m in found["manifests"]} == {r.digest for r in group}
+        return index_entries(found) == {r.digest: r.platform for r in group}
     return len(group) == 1 and (found.get("config") or {}).get("digest") == group[0].image_id
+
+
+def index_entries(index: dict[str, Any]) -> dict[str, str]:
+    """{digest: "os/arch"} of a manifest list or OCI index: what both tools must agree on.
+
+    A CPU variant (arm64's `v8`) is left out: the records name platforms as `linux/arm64`.
+    """
+    return {str(m.get("digest")): "/".join(str((m.get("platform") or {}).get(k)) for k in ("os", "architecture"))
+            for m in index.get("manifests", [])}
 
 
 def _describe(found: dict[str, Any] | None) -> str:
@@ -253,20 +370,32 @@ def _describe(found: dict[str, Any] | None) -> str:
 
 
 def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_partial: bool = False,
-             inspect: Callable[[str], dict[str, Any] | None] = imagetools_inspect_raw,
-             run: Callable[[list[str]], None] | None = None) -> list[ManifestPlan]:
-    """Create each engine's release tags as a manifest list of its verified digests, and check the result."""
-    plans = plan_manifests(records, allow_partial=allow_partial)
+             inspect: Callable[[str], dict[str, Any] | None] | None = None,
+             run: Callable[[list[str]], None] | None = None, tool: str = "imagetools",
+             variant: str = "production") -> list[ManifestPlan]:
+    """Create each engine's release tags as a manifest list of its verified digests, and check the result.
+
+    `tool` is `imagetools` (buildx, the GitHub path) or `manifest` (the Docker CLI, where buildx is
+    missing); both list exactly the records' digests. `inspect` reads a ref (default: the tool's own).
+    """
+    if tool not in INSPECT:
+        raise InputError(f"--tool {tool}: use one of {', '.join(INSPECT)}")
+    plans = plan_manifests(records, allow_partial=allow_partial, variant=variant)
+    if tool == "manifest" and inspect is None:
+        forget_local_lists([tag for plan in plans for tag in plan.tags])
+    inspect = inspect or INSPECT[tool]
     check_sources(records, inspect)
     for plan in plans:
         group = [r for r in records if r.engine == plan.engine]
         existing = inspect(plan.pinned) if plan.pinned else None
         if existing is not None and not _holds(existing, group):
             raise VerificationError(f"{plan.pinned} already exists with other images: a commit tag is never moved")
-        _say(f"{plan.engine}: " + " ".join(plan.command()))
+        for command in plan.commands(tool):
+            _say(f"{plan.engine}: " + " ".join(command))
         if dry_run:
             continue
-        (run or _run)(plan.command())
+        for command in plan.commands(tool):
+            (run or _run)(command)
         for tag in plan.tags:
             created = inspect(tag)
             if not _holds(created, group):
@@ -277,9 +406,16 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
 
 
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, check=False)
+    proc = subprocess.run(cmd, check=False)  # the tool's own output goes to the log as it comes
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode})")
+
+
+def forget_local_lists(tags: list[str]) -> None:
+    """Drop the Docker CLI's local manifest lists of `tags`, left by an interrupted run: `docker manifest
+    inspect` would read them instead of the registry, and `create` would refuse to replace them."""
+    for tag in tags:
+        subprocess.run(["docker", "manifest", "rm", tag], capture_output=True, check=False)  # absent is fine
 
 
 # ---- command line ---------------------------------------------------------------------------------
@@ -298,20 +434,28 @@ def main(argv: list[str] | None = None) -> int:
     vf.add_argument("--metadata-file", type=Path, help="bake's --metadata-file, to cross-check the image id")
     vf.add_argument("--push", action="store_true", help="push the verified image (production targets)")
     vf.add_argument("--records", type=Path, required=True, help="directory for the verified record")
+    vf.add_argument("--rehearsal", action="store_true",
+                    help="with --push: also push a local build (its tags carry -local), to rehearse a release")
     asm = sub.add_parser("assemble", help="create release tags from verified records only")
     asm.add_argument("records", nargs="+", type=Path, help="record files or directories of them")
     asm.add_argument("--dry-run", action="store_true", help="check and print the commands, create nothing")
     asm.add_argument("--allow-partial", action="store_true", help="release even if a platform has no record")
+    asm.add_argument("--tool", choices=sorted(INSPECT), default="imagetools",
+                     help="imagetools: docker buildx imagetools (default, GitHub); manifest: docker manifest "
+                          "create/push, where buildx is missing")
+    asm.add_argument("--rehearsal", action="store_true",
+                     help="assemble local records (tags ...-local) to rehearse a release on this machine")
     args = parser.parse_args(argv)
     try:
         if args.command == "matrix":
             print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
         elif args.command == "verify":
             verify_target(args.bake_file, args.target, records=args.records, push=args.push,
-                          metadata_file=args.metadata_file)
+                          metadata_file=args.metadata_file, rehearsal=args.rehearsal)
         else:
             files = [f for p in args.records for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
-            assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial)
+            assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial,
+                     tool=args.tool, variant="local" if args.rehearsal else "production")
     except BakeryError as exc:
         print(f"bakery.release: {exc}", file=sys.stderr)
         return exc.exit_code

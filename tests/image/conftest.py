@@ -15,6 +15,7 @@ import docker
 import docker.errors
 import pytest
 
+from bakery import engine_facts
 from bakery.render import baked_env
 from bakery.spec import EngineSpec, available_engines, load_engine
 from tests.image.launch import Launched, launch, offline_env, serverless_env
@@ -181,12 +182,10 @@ def probe_before_ready(launched: Launched) -> dict[str, Any]:
 def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, Any]]:
     """The environment and launch options of one side launch."""
     if name == "loadfail":
-        # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
-        # The grace outlasts the SDK's 10 s report tick, so the errored status is sent before the stop.
-        env = serverless_env(spec, STANDIN_FAIL_LOAD="1", BAKERY_EXIT_GRACE="20")
-        if spec.name == "llama":
-            env[spec.engine.model_var] = "/models/missing.gguf"
-        return env, {}
+        # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
+        # GGUF for the real llama.cpp). The grace outlasts the SDK's 10 s report tick, so the errored
+        # status is sent before the container stops.
+        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
     if name == "latekey":
         # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
         # exactly those, so only a worker that keeps asking ever gets it.

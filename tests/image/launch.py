@@ -35,8 +35,9 @@ CONTROLPLANE_PORT = 18200
 CONTROLPLANE_ADDR = f"http://127.0.0.1:{CONTROLPLANE_PORT}"
 # Nobody answers here: the offline (UNSECURED=true) launch of the README.
 OFFLINE_ADDR = "http://127.0.0.1:9"
-# What the platform sets at a real serverless launch (REFERENCE.md §1): security on (no UNSECURED),
-# REPORT_ADDR at the control plane (the in-container stand-in), plain HTTP on the worker port.
+# What the platform sets at a real serverless launch (docs/sdk.md "Environment read at start"):
+# security on (no UNSECURED), REPORT_ADDR at the control plane (the in-container stand-in), plain
+# HTTP on the worker port.
 PLATFORM_ENV = {
     "CONTAINER_ID": "1",
     "REPORT_ADDR": CONTROLPLANE_ADDR,

@@ -101,7 +101,7 @@ def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> 
 @pytest.mark.serve
 def test_worker_reports_ready(serverless: Launched) -> None:
     # Ready is what the platform routes on: a /worker_status/ report with loadtime > 0 and
-    # max_perf > 0 (REFERENCE.md §1b), not a file inside the container.
+    # max_perf > 0 (docs/sdk.md "The signed path"), not a file inside the container.
     assert serverless.ready(READY_TIMEOUT), \
         f"no ready report (loadtime > 0, max_perf > 0, no error) reached the control plane:\n" \
         f"{serverless.reports()[-3:]}\n{serverless.logs()[-3000:]}"

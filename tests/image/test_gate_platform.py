@@ -127,8 +127,8 @@ def test_bad_signatures_refused_401(serverless: Launched) -> None:
 @pytest.mark.serve
 def test_malformed_envelopes_refused_422(serverless: Launched) -> None:
     _ready(serverless)
-    # The shapes the SDK turns into a 500 with a traceback (REFERENCE.md §1b), plus their kin. The
-    # reqnum cases are signed: the SDK reaches reqnum only after a valid signature.
+    # The shapes the SDK turns into a 500 with a traceback (docs/sdk.md "The signed path"), plus
+    # their kin. The reqnum cases are signed: the SDK reaches reqnum only after a valid signature.
     results = serverless.probe([
         {"name": "auth_data null", "envelope": {"auth_data": None}},
         {"name": "bare number body", "raw_b64": _b64(b"5")},

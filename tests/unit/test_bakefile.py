@@ -15,6 +15,7 @@ import pytest
 
 from bakery import __version__
 from bakery.bakefile import (
+    BASE_DIGEST_LABEL,
     ci_override,
     engine_of,
     host_platform,
@@ -22,6 +23,7 @@ from bakery.bakefile import (
     local_images,
     main,
     plan_targets,
+    registry_bases,
     write_bake_file,
 )
 from bakery.bases import BASES
@@ -161,6 +163,47 @@ def test_ci_override_maps_local_images_and_cache(tmp_path: Path, fake_wheelhouse
     assert registry["cache-from"] == [f"type=registry,ref=ghcr.io/acme/cache:{name}"]
     with pytest.raises(InputError, match="no target"):
         ci_override(bake, path.parent, ["nope-amd64"], registry=None, cache=None)
+
+
+def test_pin_bases_pins_every_registry_base_and_labels_the_image_with_its_digest(tmp_path: Path,
+                                                                                fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=False)
+    base = load_engine("vllm").base.image
+    assert registry_bases(path.parent, bake["target"]["vllm-amd64"]) == ([base], base)
+    asked: list[str] = []
+
+    def resolve(ref: str) -> str:
+        asked.append(ref)
+        return "sha256:" + "7" * 64
+
+    entry = ci_override(bake, path.parent, ["vllm-amd64"], registry="localhost:5000", cache=None,
+                        pin_bases=resolve)["target"]["vllm-amd64"]
+    assert asked == [base], "each registry base is resolved once; local images are not"
+    assert entry["contexts"][base] == f"docker-image://{base}@sha256:{'7' * 64}"
+    assert entry["labels"] == {BASE_DIGEST_LABEL: "sha256:" + "7" * 64}
+    assert all(v.startswith("docker-image://localhost:5000/") for k, v in entry["contexts"].items() if k != base)
+
+
+def test_a_base_the_spec_pins_by_digest_keeps_its_digest(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=False)
+    base = load_engine("vllm").base.image
+    pinned = f"{base}@sha256:{'8' * 64}"
+    dockerfile = path.parent / bake["target"]["vllm-amd64"]["context"] / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace(f"FROM {base}", f"FROM {pinned}"))
+    override = ci_override(bake, path.parent, ["vllm-amd64"], registry=None, cache=None,
+                           pin_bases=lambda ref: pytest.fail(f"{ref} was resolved though it is pinned"))
+    entry = override["target"]["vllm-amd64"]
+    assert "contexts" not in entry
+    assert entry["labels"] == {BASE_DIGEST_LABEL: "sha256:" + "8" * 64}
+
+
+def test_local_builds_have_no_registry_base_to_pin(tmp_path: Path, fake_wheelhouse) -> None:
+    path, bake = write(tmp_path, fake_wheelhouse, local=True, repository="bakery")
+    name = next(iter(bake["target"]))
+    assert registry_bases(path.parent, bake["target"][name]) == ([], None)
+    entry = ci_override(bake, path.parent, [name], registry=None, cache=None,
+                        pin_bases=lambda ref: pytest.fail(f"{ref} resolved"))["target"][name]
+    assert "labels" not in entry and "contexts" not in entry
 
 
 def test_ci_command_writes_the_override(tmp_path: Path, fake_wheelhouse) -> None:

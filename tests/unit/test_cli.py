@@ -74,12 +74,7 @@ def broken_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_with_images(images: Path, *args: str) -> subprocess.CompletedProcess:
-    code = ("import sys, bakery.spec as s, bakery.cli as c; from pathlib import Path; "
-            f"s.IMAGES_DIR = Path({str(images)!r}); "
-            "s.load_engine.__defaults__ = (s.IMAGES_DIR,); s.available_engines.__defaults__ = (s.IMAGES_DIR,); "
-            "sys.exit(c.main(sys.argv[1:]))")
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return run("--images-dir", str(images), *args)
 
 
 @pytest.mark.parametrize("change, fragments", [
@@ -116,3 +111,84 @@ def test_help_documents_every_option_with_examples() -> None:
                    "--push", "--quiet", "--json", "--bake-file"):
         assert option in proc.stdout
     assert "examples:" in proc.stdout
+
+
+# ---- issue 12: no flag or spec value reaches the Dockerfile unchecked; refusals name their source ----
+
+BAD_BASE_IMAGES = [
+    ("${BAKERY_REVISION}\nRUN touch /pwned", "contains '$'"),
+    ("ubuntu\nRUN touch /pwned", "contains '\\n'"),
+    ("ubuntu\r", "contains '\\r'"),
+    ("ubuntu\tlatest", "contains '\\t'"),
+    ("ubuntu\u2028RUN id", "contains '\\u2028'"),
+    ("ubuntu \\", "contains ' '"),
+    ("ubuntu # comment", "contains ' '"),
+    ("ubuntu<<EOF", "contains '<'"),
+    ('["ubuntu"]', "contains '\"'"),
+    ("my base:1", "contains ' '"),
+    ("Ubuntu:22.04", "repository name must be lower-case"),
+    (":22.04", "has no repository name"),
+    ("@sha256:" + "a" * 64, "has no repository name"),
+    ("ubuntu@sha256:" + "a" * 63, "has 63 hex digits; sha256 needs exactly 64"),
+    ("ubuntu@sha256:" + "A" * 64, "must be lower-case hex digits"),
+    ("ubuntu:-x", "tag '-x' is invalid"),
+    ("", "is empty"),
+]
+
+
+@pytest.mark.parametrize("ref, why", BAD_BASE_IMAGES)
+def test_a_bad_base_image_is_refused_naming_the_flag(ref: str, why: str) -> None:
+    proc = run("--engine", "llama", "--render-only", f"--base-image={ref}")
+    assert_one_line_error(proc, "build.py: --base-image ", "not a valid image reference", why)
+    assert proc.stdout == ""
+    assert "images/llama.yaml" not in proc.stderr
+
+
+def test_a_valid_pinned_base_image_renders() -> None:
+    ref = "registry.example.com:5000/team/base:1.0@sha256:" + "0123456789abcdef" * 4
+    proc = run("--engine", "llama", "--render-only", "--base-image", ref)
+    assert proc.returncode == 0, proc.stderr
+    assert f"\nFROM {ref}\n" in proc.stdout
+    assert f"org.opencontainers.image.base.name='{ref}'" in proc.stdout
+
+
+@pytest.mark.parametrize("change, fragments", [
+    # issue 12: a label value that starts with ${BAKERY_ used to pass unquoted
+    (lambda t: t.replace("description: llama.cpp", 'description: "${BAKERY_REVISION}\\nRUN touch /pwned" #'),
+     ("llama.yaml: description: contains a newline",)),
+    (lambda t: t.replace("version: b6550", 'version: "${BAKERY_REVISION}"'), ("llama.yaml: version: ",
+                                                                              "is not a version")),
+    (lambda t: t.replace("image: ghcr.io/ggml-org/llama.cpp:server-b6550", 'image: "ubuntu\\nRUN touch /pwned"'),
+     ("llama.yaml: base.image: ", "not a valid image reference", "contains '\\n'")),
+    (lambda t: t.replace("image: ghcr.io/ggml-org/llama.cpp:server-b6550", "image: Ghcr.io/Acme/X"),
+     ("llama.yaml: base.image: ", "repository name must be lower-case")),
+    (lambda t: t.replace("source: https://github.com/ggml-org/llama.cpp", "source: https://ci:hunter2@example.com"),
+     ("llama.yaml: source: rule url-password:", "launch template")),
+    (lambda t: t.replace("    BACKEND: llama\n", "    BACKEND: llama\n    GH_PAT: x\n"),
+     ("bake.env: GH_PAT: looks like a credential by its name (rule personal-access-token",)),
+    (lambda t: t.replace("    BACKEND: llama\n", "    BACKEND: llama\n    X_HOOK: hf_aBcDaBcDaBcDaBcDaBcDaBcDaBcD\n"),
+     ("bake.env: X_HOOK: rule huggingface-token: looks like a Hugging Face token",)),
+    (lambda t: t.replace("  local: llama-cpp", "  local: Llama Cpp"), ("llama.yaml: base.local: must name",)),
+    (lambda t: t.replace("name: llama\n", "name: llama\ntemplate: ../../etc/passwd.j2\n", 1),
+     ("llama.yaml: template: ", "must be a file name under templates/")),
+])
+def test_bad_spec_values_that_would_reach_the_dockerfile(broken_images: Path, change, fragments) -> None:
+    path = broken_images / "llama.yaml"
+    path.write_text(change(path.read_text()))
+    proc = run_with_images(broken_images, "--engine", "llama", "--render-only")
+    assert_one_line_error(proc, *fragments)
+    assert "hunter2" not in proc.stderr and "hf_aBcD" not in proc.stderr
+
+
+def test_an_unknown_local_base_is_one_line(broken_images: Path) -> None:
+    path = broken_images / "llama.yaml"
+    path.write_text(path.read_text().replace("  local: llama-cpp", "  local: no-such-base"))
+    proc = run_with_images(broken_images, "--engine", "llama", "--render-only", "--local")
+    assert_one_line_error(proc, "llama.yaml: base.local: unknown local base 'no-such-base'", "vllm-standin")
+
+
+def test_an_unknown_local_base_is_one_line_for_the_bake_file_too(broken_images: Path, tmp_path: Path) -> None:
+    path = broken_images / "llama.yaml"
+    path.write_text(path.read_text().replace("  local: llama-cpp", "  local: no-such-base"))
+    proc = run_with_images(broken_images, "--engine", "llama", "--local", "--bake-file", str(tmp_path / "b.json"))
+    assert_one_line_error(proc, "llama.yaml: base.local: unknown local base 'no-such-base'")

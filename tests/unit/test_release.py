@@ -38,8 +38,11 @@ class Registry:
     """A fake registry for imagetools: manifests by digest, and the index each tag was made into."""
 
     def __init__(self, records: list[VerifiedRecord]) -> None:
-        self.refs: dict[str, dict] = {f"{r.repository}@{r.digest}": {"config": {"digest": r.image_id}}
-                                      for r in records}
+        self.refs: dict[str, dict] = {}
+        self.platforms: dict[str, str] = {}  # digest -> os/arch, as the image config says
+        for r in records:
+            self.refs[f"{r.repository}@{r.digest}"] = self.refs[r.pushed_ref] = {"config": {"digest": r.image_id}}
+            self.platforms[r.digest] = r.platform
         self.commands: list[list[str]] = []
 
     def inspect(self, ref: str):
@@ -49,9 +52,13 @@ class Registry:
         self.commands.append(cmd)
         tags = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--tag"]
         sources = [arg for arg in cmd[4:] if "@" in arg]
-        index = {"manifests": [{"digest": s.partition("@")[2]} for s in sources]}
+        index = {"manifests": [self.entry(s.partition("@")[2]) for s in sources]}
         for tag in tags:
             self.refs[tag] = index
+
+    def entry(self, digest: str) -> dict:
+        os_name, _, arch = self.platforms.get(digest, "linux/unknown").partition("/")
+        return {"digest": digest, "platform": {"os": os_name, "architecture": arch}}
 
 
 # ---- the publishing rule ------------------------------------------------------------------------
@@ -81,8 +88,21 @@ def bake_file(tmp_path: Path) -> Path:
                            quiet=True)
 
 
+BASE_DIGEST = "sha256:" + "5" * 64
+BASE_LABELS = {"org.opencontainers.image.base.name": "vllm/vllm-openai:v0.10.2",
+               "org.opencontainers.image.base.digest": BASE_DIGEST}
+
+
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def labels(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The built image's labels (what `bakefile ci --pin-bases` makes the build add); tests may change them."""
+    current = dict(BASE_LABELS)
+    monkeypatch.setattr(release, "image_labels", lambda image_id: current)
+    return current
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch, labels: dict[str, str]) -> list[str]:
     seen: list[str] = []
     monkeypatch.setattr(release, "built_image_id", lambda candidate, metadata, target: IMAGE["amd64"])
     monkeypatch.setattr(publish, "tag_verified", lambda image_id, tags, verified: seen.append(f"tag {tags}"))
@@ -122,7 +142,32 @@ def test_a_passed_gate_pushes_the_platform_tag_and_records_the_digest(bake_file:
     tag = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-amd64"
     assert calls == [f"tag {[tag]}", f"push {[tag]}"]
     assert (rec.image_id, rec.digest, rec.pushed_ref) == (IMAGE["amd64"], DIGEST["amd64"], tag)
+    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", BASE_DIGEST)
     assert VerifiedRecord.read(tmp_path / "r" / "vllm-amd64.json") == rec
+
+
+def test_a_release_without_a_recorded_base_digest_is_refused_before_the_gate(
+        bake_file: Path, tmp_path: Path, calls: list[str], labels: dict[str, str]) -> None:
+    del labels["org.opencontainers.image.base.digest"]
+    with pytest.raises(InputError, match=r"records no base digest .*--pin-bases"):
+        verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=_no_docker)
+    assert calls == []
+    # Without --push (a gate run, no release) the record just says what is known.
+    rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r",
+                        gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", "")
+
+
+def test_a_base_pinned_by_the_spec_must_be_the_recorded_digest(bake_file: Path, tmp_path: Path, calls: list[str],
+                                                               labels: dict[str, str]) -> None:
+    pinned = "sha256:" + "6" * 64
+    labels["org.opencontainers.image.base.name"] = f"vllm/vllm-openai:v0.10.2@{pinned}"
+    with pytest.raises(release.BuildError, match=r"names the base .* but records"):
+        verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=_no_docker)
+    del labels["org.opencontainers.image.base.digest"]  # the spec's own pin is the record then
+    rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True,
+                        gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    assert rec.base_digest == pinned
 
 
 def test_local_builds_are_never_pushed_for_release(tmp_path: Path, calls: list[str]) -> None:
@@ -200,7 +245,7 @@ def test_a_commit_tag_is_never_moved() -> None:
     registry.refs[pinned] = {"manifests": [{"digest": "sha256:" + "9" * 64}]}
     with pytest.raises(VerificationError, match="never moved"):
         assemble(records, inspect=registry.inspect, run=registry.run)
-    registry.refs[pinned] = {"manifests": [{"digest": DIGEST["amd64"]}, {"digest": DIGEST["arm64"]}]}
+    registry.refs[pinned] = {"manifests": [registry.entry(DIGEST["amd64"]), registry.entry(DIGEST["arm64"])]}
     assemble(records, inspect=registry.inspect, run=registry.run)  # a re-run with the same digests is fine
 
 
@@ -210,7 +255,7 @@ def test_a_created_tag_listing_other_digests_fails() -> None:
 
     def sloppy_run(cmd):
         registry.run(cmd)
-        registry.refs["ghcr.io/acme/vllm:latest"] = {"manifests": [{"digest": DIGEST["amd64"]}]}
+        registry.refs["ghcr.io/acme/vllm:latest"] = {"manifests": [registry.entry(DIGEST["amd64"])]}
 
     with pytest.raises(VerificationError, match="not the verified"):
         assemble(records, inspect=registry.inspect, run=sloppy_run)
@@ -291,3 +336,110 @@ def test_matrix_cli_prints_json(capsys) -> None:
     assert release.main(["matrix", "--engine", "vllm", "--local"]) == 0
     include = json.loads(capsys.readouterr().out)["include"]
     assert [m["engine"] for m in include] == ["vllm"]
+
+
+# ---- the docker manifest path, rehearsal, and what both tools must agree on -----------------------
+
+
+def test_both_tools_get_the_same_tags_and_sources() -> None:
+    plan = plan_manifests([record(arch="amd64"), record(arch="arm64")])[0]
+    imagetools = plan.command()
+    manifest = plan.manifest_commands()
+    creates = [c for c in manifest if c[:3] == ["docker", "manifest", "create"]]
+    pushes = [c for c in manifest if c[:3] == ["docker", "manifest", "push"]]
+    assert [c[3] for c in creates] == plan.tags == [imagetools[i + 1] for i, a in enumerate(imagetools) if a == "--tag"]
+    assert all(c[4:] == plan.sources for c in creates)
+    assert imagetools[-len(plan.sources):] == plan.sources
+    assert pushes == [["docker", "manifest", "push", "--purge", tag] for tag in plan.tags]
+    assert not any("--insecure" in c for c in manifest), "a remote registry is never reached over plain HTTP"
+
+
+@pytest.mark.parametrize(("repository", "insecure"), [
+    ("127.0.0.1:5000/acme/vllm", True), ("localhost:5000/acme/vllm", True), ("localhost/acme/vllm", True),
+    ("127.1.2.3/acme/vllm", True), ("128.0.0.1:5000/acme/vllm", False),
+    ("ghcr.io/acme/vllm", False), ("registry.example:5000/acme/vllm", False), ("acme/vllm", False),
+])
+def test_only_a_loopback_registry_is_reached_insecurely(repository: str, insecure: bool) -> None:
+    recs = [record(arch=a, repository=repository) for a in ("amd64", "arm64")]
+    commands = plan_manifests(recs)[0].manifest_commands()
+    assert all(("--insecure" in c) == insecure for c in commands)
+
+
+def test_an_index_with_the_right_digests_on_the_wrong_platforms_fails() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records)
+
+    def swapped(cmd):  # every tag gets one index, listing amd64's digest as arm64 and the reverse
+        registry.run(cmd)
+        entries = registry.refs[cmd[cmd.index("--tag") + 1]]["manifests"]
+        entries[0]["platform"], entries[1]["platform"] = entries[1]["platform"], entries[0]["platform"]
+
+    with pytest.raises(VerificationError, match="not the verified"):
+        assemble(records, inspect=registry.inspect, run=swapped)
+
+
+def test_a_moved_platform_tag_is_refused_before_anything_is_created() -> None:
+    records = [record(arch="amd64"), record(arch="arm64")]
+    registry = Registry(records)
+    registry.refs[records[1].pushed_ref] = {"config": {"digest": "sha256:" + "f" * 64}}
+    with pytest.raises(VerificationError, match=r"x-arm64 no longer holds the verified .*moved after the gate ran"):
+        assemble(records, inspect=registry.inspect, run=registry.run)
+    assert registry.commands == []
+
+
+def test_rehearsal_takes_local_records_only_and_tags_them_local() -> None:
+    local = [record(arch=a, variant="local") for a in ("amd64", "arm64")]
+    with pytest.raises(InputError, match="only production images are released"):
+        plan_manifests(local)
+    with pytest.raises(InputError, match="this release takes local builds only"):
+        plan_manifests([record(arch="amd64"), record(arch="arm64")], variant="local")
+    plan = plan_manifests(local, variant="local")[0]
+    assert plan.tags == [f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-local",
+                         f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-local", "ghcr.io/acme/vllm:v0.10.2-local"]
+    assert plan.pinned == plan.tags[0]
+
+
+def test_assemble_cli_refuses_an_unknown_tool(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        release.main(["assemble", "--tool", "crane", "x.json"])
+    assert exc.value.code == 2
+
+
+def test_rehearsal_lets_verify_push_a_local_build(tmp_path: Path, calls: list[str]) -> None:
+    from bakery.bakefile import host_platform
+
+    (tmp_path / "w").mkdir()
+    local = write_bake_file([load_engine("vllm")], tmp_path / "l" / "docker-bake.json", local=True,
+                            repository="127.0.0.1:5000/acme", wheelhouse=lambda p: tmp_path / "w",
+                            build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"}, quiet=True)
+    arch = host_platform().split("/")[1]
+    rec = verify_target(local, f"vllm-{arch}", records=tmp_path / "r", push=True, rehearsal=True,
+                        gate=lambda *a, **k: GateResult(passed=True, ran=1))
+    tag = f"127.0.0.1:5000/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-local-{arch}"
+    assert calls == [f"tag {[tag]}", f"push {[tag]}"]
+    assert (rec.variant, rec.pushed_ref, rec.digest) == ("local", tag, DIGEST["amd64"])
+
+
+# ---- push failures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ref", "registry"), [
+    ("127.0.0.1:5000/acme/vllm:x", "127.0.0.1:5000"), ("localhost/acme/vllm:x", "localhost"),
+    ("ghcr.io/acme/vllm:x", "ghcr.io"), ("acme/vllm:x", "docker.io"), ("vllm:x", "docker.io"),
+])
+def test_registry_of_follows_dockers_reference_rules(ref: str, registry: str) -> None:
+    assert publish.registry_of(ref) == registry
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    ('Get "http://127.0.0.1:9/v2/": dial tcp 127.0.0.1:9: connect: connection refused', "is unreachable"),
+    ("no basic auth credentials", "authentication required (docker login 127.0.0.1:9)"),
+    ("denied: requested access to the resource is denied", "denied the push"),
+    ('error parsing HTTP 405 response body: "Method not allowed\\n"', "HTTP 405: is it read-only?"),
+    ("blob upload unknown", "the push failed"),
+])
+def test_a_push_failure_is_one_line_naming_the_registry_and_reason(error: str, reason: str) -> None:
+    message = str(publish.push_failure("127.0.0.1:9/acme/vllm:x", error + "\nsecond line"))
+    assert message.startswith("push to registry 127.0.0.1:9 failed: ") and reason in message
+    assert "\n" not in message and message.endswith("127.0.0.1:9/acme/vllm:x was not pushed")
+    assert publish.push_failure("x:1", error).exit_code == 1

@@ -133,3 +133,37 @@ def test_name_must_match_file(tmp_path: Path) -> None:
 def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
     message = error_of(mutate(tmp_path, lambda d: d["bake"]["env"].update(EXTRA="a\nb")))
     assert "bake.env: EXTRA: contains a newline" in message
+
+
+# ---- engine facts (issue 13): stated once, in the spec ----------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["base"].pop("local_model"),
+     "base: local_model: required with base.local (the gate launches the local base with it)"),
+    (lambda d: d["base"].pop("local_fail_load"),
+     "base: local_fail_load: required with base.local (the gate launches the local base with it)"),
+    (lambda d: d["base"].update(local_fail_load={}),
+     "base.local_fail_load: set model (a model that cannot load) or env (variables that make loading fail)"),
+    (lambda d: d["bake"]["env"].update(MODEL_ERROR_LOG_MSGS=["error loading model"]),
+     "bake.env.MODEL_ERROR_LOG_MSGS: must contain 'INFO exited: llama', the line bakery's entry point writes "
+     "when the engine exits (else the worker waits out its load timeout)"),
+    (lambda d: d.update(aliases=["llama"]),
+     "aliases: 'llama' must be another BACKEND name (lower-case letters, digits, '_')"),
+    (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
+     "upstream.lines: 'model ready' is not a baked load or error line; remove it or bake it"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
+     "upstream.lines.model loaded: set exactly one of origin (who writes the line) or pattern "
+     "(how the source holds it)"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "nginx"}}}),
+     "upstream.lines.model loaded: origin 'nginx': choose one of bakery, supervisord, python, uvicorn"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"pattern": "("}}}),
+     "upstream.lines.model loaded: pattern '(': not a regular expression: missing ), unterminated subpattern "
+     "at position 0"),
+    (lambda d: d.update(upstream={"repository": "https://github.com/x/y"}),
+     "upstream.repository: 'https://github.com/x/y': must be a GitHub owner/name"),
+    (lambda d: d["bake"]["env"].update(BAKERY_ENGINE_PROGRAM="llama"),
+     "bake.env: BAKERY_ENGINE_PROGRAM: is baked by bakery itself from the spec (name and engine:); remove it"),
+])
+def test_engine_facts_are_validated(tmp_path: Path, change, expected: str) -> None:
+    assert error_of(mutate(tmp_path, change)) == f"{tmp_path}/llama.yaml: {expected}"

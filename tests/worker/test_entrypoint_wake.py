@@ -21,8 +21,8 @@ spec = importlib.util.spec_from_file_location("entrypoint", sys.argv[1])
 ep = importlib.util.module_from_spec(spec); spec.loader.exec_module(ep)
 ep.RUN_DIR.mkdir(parents=True, exist_ok=True)
 config = ep.RUN_DIR / "supervisord.conf"
-config.write_text(ep.supervisor_config("engine", [sys.executable, "-c", "import time; time.sleep(60)"],
-                                       ep.RUN_DIR / "engine.log", False))
+ep.write_engine_file([sys.executable, "-c", "import time; time.sleep(60)"], ep.RUN_DIR / "engine.log")
+config.write_text(ep.supervisor_config("engine", False))
 sock = Path(sys.argv[2])
 child = subprocess.Popen([str(Path(sys.executable).with_name("supervisord")), "-c", str(config)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

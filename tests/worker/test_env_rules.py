@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ def settings(**env: str) -> core.Settings:
 
 
 def test_engine_defaults_match_upstream() -> None:
-    """The per-engine defaults are upstream's (REFERENCE.md §2)."""
+    """The per-engine defaults are upstream's (docs/engines.md, "Upstream's worker")."""
     assert (VLLM.engine, VLLM.model_log, VLLM.load_lines) == (
         "vllm", "/var/log/portal/vllm.log", ("Application startup complete.",))
     assert VLLM.error_lines == ("INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):")
@@ -383,24 +382,84 @@ def test_benchmark_prompt_is_shipped_data() -> None:
     assert "nltk" not in source.lower().replace("no nltk", "")
 
 
-def test_benchmark_request() -> None:
-    """250 random words, temperature 0.7, BENCHMARK_MAX_TOKENS, the model id when known."""
-    words = core.load_words()
-    body = core.benchmark_generator(words, "m", 8, random.Random(1))()  # noqa: S311
-    assert body["model"] == "m" and body["max_tokens"] == 8 and body["temperature"] == 0.7
-    assert len(body["prompt"].split()) == 250 and set(body["prompt"].split()) <= set(words)
-    assert "model" not in core.benchmark_generator(words, None, 8)()
+def test_routes_are_resolved_with_the_settings() -> None:
+    """OPENAI_ROUTES / BENCHMARK_ROUTE are read by load_settings (before the SDK is imported); the
+    benchmark size defaults to the benchmarked route's own, BENCHMARK_RUNS/CONCURRENCY still win."""
+    s = settings()
+    assert s.routes.routes == ("/v1/completions", "/v1/chat/completions")
+    assert s.routes.benchmark_route == "/v1/completions"
+    assert (s.benchmark_runs, s.benchmark_concurrency) == (3, 10)
+    s = settings(OPENAI_ROUTES="/v1/audio/transcriptions", BENCHMARK_ROUTE="/v1/audio/transcriptions/")
+    assert s.routes.routes == ("/v1/audio/transcriptions",)
+    assert (s.benchmark_runs, s.benchmark_concurrency) == (2, 4)  # the route's own size
+    s = settings(BENCHMARK_ROUTE="/v1/videos/sync", BENCHMARK_RUNS="5", BENCHMARK_CONCURRENCY="x")
+    assert s.routes.routes[-1] == "/v1/videos/sync" and (s.benchmark_runs, s.benchmark_concurrency) == (5, 1)
+    assert s.warnings == ["BENCHMARK_CONCURRENCY='x' is not a positive integer; using the default 1"]
 
 
-def test_request_parser_and_workload() -> None:
-    """The OpenAI body passes through (or is unwrapped from `input`); workload = token budget."""
-    body = {"prompt": "x", "max_tokens": 12}
-    assert core.request_parser(body) is body
-    assert core.request_parser({"input": body}) is body
-    assert core.workload(body) == 12.0
-    assert core.workload({"max_completion_tokens": 5}) == 5.0
-    assert core.workload({"max_tokens": "many"}) == 0.0
-    assert core.workload({}) == 0.0
+def test_route_warnings_join_the_settings_warnings() -> None:
+    s = settings(BENCHMARK_ROUTE="/v1/audio/speech/batch", OPENAI_MAX_UPLOAD_BYTES="lots")
+    assert [w.split("=")[0] for w in s.warnings] == ["BENCHMARK_ROUTE", "OPENAI_MAX_UPLOAD_BYTES"]
+
+
+@pytest.mark.parametrize(("env", "first"), [
+    ({"OPENAI_ROUTES": "/v1/embedding"}, "OPENAI_ROUTES names '/v1/embedding', which is not a route"),
+    ({"BENCHMARK_ROUTE": "/v1/speech"}, "BENCHMARK_ROUTE='/v1/speech' is not a route"),
+    ({"OPENAI_ROUTES": "/v1/embeddings"}, "BENCHMARK_ROUTE=/v1/completions is not served: OPENAI_ROUTES"),
+])
+def test_bad_routes_are_config_errors(env: dict[str, str], first: str) -> None:
+    """A RouteConfigError becomes the ConfigError run() prints as one line and exits 2 on."""
+    with pytest.raises(ConfigError) as caught:
+        settings(**env)
+    assert len(caught.value.lines) == 1 and caught.value.lines[0].startswith(first)
+
+
+# --------------------------------------------------------------------------- body limit vs uploads
+
+
+MIB = 1024 * 1024
+
+
+def reconcile(**env: str) -> tuple[Any, list[str], list[str]]:
+    from workers.openai import guards
+
+    limits, errors = guards.load_limits(env)
+    assert errors == []
+    return core.reconcile_limits(limits, settings(**env).routes, env)
+
+
+def test_a_text_worker_keeps_the_16_mib_body_limit() -> None:
+    for env in ({}, {"OPENAI_ROUTES": "/v1/completions,/v1/embeddings,/v1/rerank,/v1/images/generations"}):
+        limits, notes, warnings = reconcile(**env)
+        assert (limits.max_body_bytes, notes, warnings) == (16 * MIB, [], [])
+
+
+@pytest.mark.parametrize("route", ["/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/edits",
+                                   "/v1/videos/sync", "/v1/audio/speech", "/v1/audio/speech/batch"])
+def test_a_worker_with_uploads_carries_the_upload_limit_in_its_body(route: str) -> None:
+    """Unset BAKERY_MAX_BODY_BYTES follows OPENAI_MAX_REQUEST_UPLOAD_BYTES (64 MiB -> 96 MiB), so a
+    25 MiB file (33.3 MiB of base64) and the 64 MiB request total both arrive; the note says so."""
+    limits, notes, warnings = reconcile(BENCHMARK_ROUTE=route)
+    assert limits.max_body_bytes == 96 * MIB and warnings == []
+    assert notes == [f"BAKERY_MAX_BODY_BYTES={96 * MIB} (follows OPENAI_MAX_REQUEST_UPLOAD_BYTES={64 * MIB}: "
+                     "routes with uploads are served; set BAKERY_MAX_BODY_BYTES to change it)"]
+    assert limits.max_body_bytes > 64 * MIB * 4 / 3 + 8 * MIB  # base64 of the total, with room to spare
+    limits, _, _ = reconcile(BENCHMARK_ROUTE=route, OPENAI_MAX_UPLOAD_BYTES=str(200 * MIB))
+    assert limits.max_body_bytes == 300 * MIB  # the request total never sits below one file
+    limits, _, _ = reconcile(BENCHMARK_ROUTE=route, OPENAI_MAX_REQUEST_UPLOAD_BYTES=str(MIB),
+                             OPENAI_MAX_UPLOAD_BYTES=str(MIB))
+    assert limits.max_body_bytes == 16 * MIB  # never below the text default
+
+
+def test_a_body_limit_set_by_hand_wins_and_warns_when_no_file_fits() -> None:
+    limits, notes, warnings = reconcile(OPENAI_ROUTES="/v1/audio/transcriptions",
+                                        BENCHMARK_ROUTE="/v1/audio/transcriptions",
+                                        BAKERY_MAX_BODY_BYTES=str(16 * MIB))
+    assert limits.max_body_bytes == 16 * MIB and notes == []
+    assert warnings == [f"BAKERY_MAX_BODY_BYTES={16 * MIB} cannot carry one OPENAI_MAX_UPLOAD_BYTES={25 * MIB} "
+                        "upload (base64: 34952536 bytes): larger uploads get 413; raise BAKERY_MAX_BODY_BYTES to "
+                        f"at least {25 * MIB * 3 // 2} or lower OPENAI_MAX_UPLOAD_BYTES"]
+    assert reconcile(BENCHMARK_ROUTE="/v1/images/edits", BAKERY_MAX_BODY_BYTES=str(40 * MIB))[1:] == ([], [])
 
 
 # --------------------------------------------------------------------------- ports

@@ -1,10 +1,13 @@
 """The image's entry point: prepare the boot, then run the engine (and the worker) under supervisord.
 
-At every boot it rotates MODEL_LOG (so a load line from an earlier boot can never make the worker
-ready), builds the engine's command from the baked BAKERY_ENGINE_CMD and the launch template's
-variables, writes a supervisord configuration and runs supervisord. It stays PID 1 only to forward
-SIGTERM/SIGINT to supervisord and to exit with the status of whichever program died first
-(recorded by watch.py). Runs on the worker's own Python (stdlib + supervisor).
+At every boot it checks the launch variables (no control character anywhere, a BACKEND that names
+a worker), rotates MODEL_LOG (so a load line from an earlier boot can never make the worker ready),
+builds the engine's argv from the baked BAKERY_ENGINE_CMD and the launch template's variables and
+writes it as JSON to RUN_DIR/engine.json, which launch.py (supervisord's fixed engine command)
+reads and execs. No launch text ever enters supervisord's ini: its values are our own paths and
+program names from a strict set. It stays PID 1 only to forward SIGTERM/SIGINT to supervisord and
+to exit with the status of whichever program died first (recorded by watch.py). Runs on the
+worker's own Python (stdlib + supervisor).
 """
 
 from __future__ import annotations
@@ -18,13 +21,22 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
 SOCKET = RUN_DIR / "supervisor.sock"  # supervisord's control socket (watch.py and wake() use it)
+ENGINE_FILE = RUN_DIR / "engine.json"  # the engine's argv and log, read by launch.py
 WORKER_DIR = Path(__file__).resolve().parent.parent
+BOOT_DIR = Path(__file__).resolve().parent
 VENV_PYTHON = sys.executable
 TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+BACKEND_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # the set start_server.sh accepts too
+PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")  # supervisord program names: never launch text
+# Our own paths that go into the ini: nothing supervisord's parser could read as syntax (; # % =).
+INI_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
+RESERVED_PROGRAMS = {"worker", "bakery-watch"}
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # BACKEND=openai is the upstream alias of vllm; the engine program is named after the real engine.
 ALIASES = {"openai": "vllm"}
@@ -34,9 +46,18 @@ class BootError(Exception):
     """A launch problem the operator must fix; printed as one line, exit status 2."""
 
 
+def single_line(name: str, value: str) -> str:
+    """Return `value` if it holds no control character (newline, tab, ESC, DEL, C1...), else refuse it."""
+    for char in value:
+        if unicodedata.category(char) == "Cc":
+            raise BootError(f"{name}={value!r} contains the control character U+{ord(char):04X}: "
+                            f"launch variables must be one line of printable text")
+    return value
+
+
 def flag(name: str) -> bool:
     """Read a boolean launch variable strictly: a typo must not silently mean false."""
-    value = os.environ.get(name, "").strip().lower()
+    value = single_line(name, os.environ.get(name, "")).strip().lower()
     if value in TRUE:
         return True
     if value in FALSE:
@@ -44,17 +65,34 @@ def flag(name: str) -> bool:
     raise BootError(f"{name}={os.environ[name]!r} is neither true nor false: set {name}=true or false")
 
 
-def engine_name() -> str:
-    """The engine this image runs, from the baked BACKEND (resolving the openai alias)."""
-    backend = os.environ.get("BACKEND", "").strip()
-    return ALIASES.get(backend, backend) or "engine"
+def backends() -> list[str]:
+    """The worker backends this image has (workers/<name>/worker.py)."""
+    return sorted(p.parent.name for p in (WORKER_DIR / "workers").glob("*/worker.py"))
 
 
-def model_log() -> Path:
+def backend() -> str:
+    """BACKEND, which must name a worker of this image exactly (no blank, no path, no control character)."""
+    value = single_line("BACKEND", os.environ.get("BACKEND", ""))
+    if not BACKEND_NAME.match(value) or not (WORKER_DIR / "workers" / value / "worker.py").is_file():
+        raise BootError(f"BACKEND={value!r} names no worker of this image: set BACKEND to one of "
+                        f"{', '.join(backends()) or '(none found)'}")
+    return value
+
+
+def engine_name(backend_name: str) -> str:
+    """The engine's supervisord program name: BACKEND with the openai alias resolved."""
+    name = ALIASES.get(backend_name, backend_name)
+    if not PROGRAM_NAME.match(name) or name in RESERVED_PROGRAMS:
+        raise BootError(f"BACKEND={backend_name!r} cannot name the engine program (lowercase letters, "
+                        f"digits, _ and - only, not {', '.join(sorted(RESERVED_PROGRAMS))})")
+    return name
+
+
+def model_log(engine: str) -> Path:
     """MODEL_LOG, where the engine's output goes and the worker reads; empty counts as unset."""
-    value = os.environ.get("MODEL_LOG", "")
+    value = single_line("MODEL_LOG", os.environ.get("MODEL_LOG", ""))
     if not value:
-        value = f"/var/log/portal/{engine_name()}.log"
+        value = f"/var/log/portal/{engine}.log"
         os.environ["MODEL_LOG"] = value  # the worker must read the same file
     path = Path(value)
     if not path.is_absolute():
@@ -63,7 +101,11 @@ def model_log() -> Path:
 
 
 def engine_argv() -> list[str]:
-    """The engine's command: BAKERY_ENGINE_CMD with ${VAR} tokens filled, plus the ARGS variable split."""
+    """The engine's command: BAKERY_ENGINE_CMD with ${VAR} tokens filled, plus the ARGS variable split.
+
+    A model variable becomes exactly one argument, byte for byte; the ARGS variable is split like a
+    POSIX shell would (quotes group, nothing is expanded), and each piece is passed as it is.
+    """
     raw = os.environ.get("BAKERY_ENGINE_CMD", "")
     try:
         template = json.loads(raw)
@@ -73,17 +115,20 @@ def engine_argv() -> list[str]:
         raise BootError(f"BAKERY_ENGINE_CMD={raw!r} is not a JSON list of strings: rebuild the image") from None
     argv = []
     for arg in template:
+        single_line("BAKERY_ENGINE_CMD", arg)
         match = TOKEN.match(arg)
         if match:
             name = match.group(1)
-            value = os.environ.get(name, "")
+            value = single_line(name, os.environ.get(name, ""))
             if not value:
                 raise BootError(f"{name} is not set: the launch template must set it (the model to serve)")
             argv.append(value)
         else:
             argv.append(arg)
     args_var = os.environ.get("BAKERY_ENGINE_ARGS_VAR", "")
-    extra = os.environ.get(args_var, "") if args_var else ""
+    if args_var and not VAR_NAME.match(args_var):
+        raise BootError(f"BAKERY_ENGINE_ARGS_VAR={args_var!r} is not a variable name: rebuild the image")
+    extra = single_line(args_var, os.environ.get(args_var, "")) if args_var else ""
     try:
         argv += shlex.split(extra)
     except ValueError as exc:
@@ -99,17 +144,40 @@ def rotate(log: Path) -> None:
     log.write_bytes(b"")
 
 
-def _ini(value: str) -> str:
-    # supervisord expands %(...)s in its values: a literal % must be doubled.
-    return value.replace("%", "%%")
+def write_engine_file(argv: list[str], log: Path, path: Path | None = None) -> Path:
+    """Write the engine's argv and log file as JSON for launch.py (root-only: it is the engine's command).
+
+    ensure_ascii keeps any byte the environment held (as surrogate escapes) exact through the file.
+    """
+    path = path or ENGINE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        json.dump({"argv": argv, "log": str(log)}, out, ensure_ascii=True)
+    tmp.replace(path)
+    return path
 
 
-def supervisor_config(engine: str, argv: list[str], log: Path, serverless: bool) -> str:
-    """The supervisord configuration for this boot."""
+def _ini_path(path: Path | str) -> str:
+    text = str(path)
+    if not INI_PATH.match(text):
+        raise BootError(f"the path {text!r} cannot go into supervisord's configuration "
+                        f"(letters, digits and ._/+- only): install bakery elsewhere or set BAKERY_RUN_DIR")
+    return text
+
+
+def supervisor_config(engine: str, serverless: bool) -> str:
+    """The supervisord configuration for this boot: fixed commands, our paths, strict program names."""
+    if not PROGRAM_NAME.match(engine) or engine in RESERVED_PROGRAMS:
+        raise BootError(f"{engine!r} is not a valid engine program name")
+    python = _ini_path(VENV_PYTHON)
+    # -I: the launcher and the listener run on the worker's Python, which a launch template's
+    # PYTHONPATH/PYTHONHOME (meant for the engine) must not reach; the engine still inherits them.
     program = f"""
 [program:{engine}]
-command={_ini(shlex.join(argv))}
-stdout_logfile={_ini(str(log))}
+command={python} -I {_ini_path(BOOT_DIR / "launch.py")} {_ini_path(ENGINE_FILE)}
+; launch.py sends the engine's output to MODEL_LOG itself; only its own failure lines come here
+stdout_logfile=/dev/stdout
 stdout_logfile_maxbytes=0
 redirect_stderr=true
 autorestart=false
@@ -119,7 +187,7 @@ stopwaitsecs=30
 """
     worker = f"""
 [program:worker]
-command=/bin/sh {_ini(str(WORKER_DIR / "start_server.sh"))}
+command=/bin/sh {_ini_path(WORKER_DIR / "start_server.sh")}
 stdout_logfile=/dev/stdout
 stdout_logfile_maxbytes=0
 redirect_stderr=true
@@ -134,22 +202,22 @@ user=root
 ; in the foreground supervisord already logs to stdout: a logfile would print every line twice
 logfile=/dev/null
 logfile_maxbytes=0
-pidfile={RUN_DIR / "supervisord.pid"}
+pidfile={_ini_path(RUN_DIR / "supervisord.pid")}
 
 ; watch.py asks supervisord (over this socket) for a dead program's exit status, which the
 ; PROCESS_STATE_EXITED event itself does not carry.
 [unix_http_server]
-file={SOCKET}
+file={_ini_path(SOCKET)}
 chmod=0700
 
 [rpcinterface:supervisor]
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 
 [supervisorctl]
-serverurl=unix://{SOCKET}
+serverurl=unix://{_ini_path(SOCKET)}
 {program}{worker if serverless else ""}
 [eventlistener:bakery-watch]
-command={_ini(VENV_PYTHON)} {_ini(str(Path(__file__).with_name("watch.py")))}
+command={python} -I {_ini_path(BOOT_DIR / "watch.py")}
 events=PROCESS_STATE_EXITED,PROCESS_STATE_FATAL
 stdout_logfile=NONE
 stderr_logfile=/dev/stderr
@@ -182,24 +250,27 @@ def wake(child: subprocess.Popen, sock: Path, timeout: float = 5.0) -> bool:
 def main() -> int:
     """Boot the container; returns the exit status of the program that died first."""
     try:
+        # Every launch variable is checked before anything is written or started.
+        serverless = flag("SERVERLESS")
+        engine = engine_name(backend())
+        log = model_log(engine)
+        argv = engine_argv()
+        config_text = supervisor_config(engine, serverless)
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         lock = open(RUN_DIR / "entrypoint.lock", "w")  # noqa: SIM115 - held for the process lifetime
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BootError("the entry point is already running in this container: one engine, one worker") from None
-        serverless = flag("SERVERLESS")
-        engine = engine_name()
-        log = model_log()
-        argv = engine_argv()
         rotate(log)
     except BootError as exc:
         print(f"bakery: {exc}", file=sys.stderr, flush=True)
         return 2
     status_file = RUN_DIR / "exit-status"
     status_file.unlink(missing_ok=True)
+    write_engine_file(argv, log)
     config = RUN_DIR / "supervisord.conf"
-    config.write_text(supervisor_config(engine, argv, log, serverless), encoding="utf-8")
+    config.write_text(config_text, encoding="utf-8")
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
     print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
     os.environ["BAKERY_ENGINE_PROGRAM"] = engine

@@ -1,6 +1,6 @@
 """bakery stand-in engines: fake vLLM / SGLang OpenAI-compatible servers for tests (stdlib only).
 
-They reproduce what the worker depends on (REFERENCE.md §3): the engines' startup, ready and fatal
+They reproduce what the worker depends on (docs/engines.md): the engines' startup, ready and fatal
 log lines in each engine's own format, their /health behaviour while starting, and an
 OpenAI-compatible API with deterministic answers. They load no model and need no GPU.
 They are stand-ins and say so: in their version strings, their banner line and every answer's

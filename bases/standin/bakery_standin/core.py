@@ -23,6 +23,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
@@ -79,6 +81,9 @@ class Options:
     STANDIN_TOKEN_DELAY       seconds per generated token, streaming or not (default 0).
     STANDIN_REPLY_TOKENS      tokens in a full answer, finish_reason "stop" (default 12); a smaller
                               max_tokens truncates it with finish_reason "length".
+    STANDIN_RECORD            a file: one JSON line appended per POST the stand-in serves (its
+                              path, JSON body or form fields, and each uploaded part's field name,
+                              filename, content type, size and sha256), so tests can see what arrived.
     """
 
     load_seconds: float = 2.0
@@ -89,6 +94,7 @@ class Options:
     exit_delay: float = 1.0
     token_delay: float = 0.0
     reply_tokens: int = 12
+    record: str = ""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, warmup_default: float = 0.0) -> Options:
@@ -112,6 +118,7 @@ class Options:
             exit_delay=_env_float(env, "STANDIN_EXIT_DELAY", 1.0) or 0.0,
             token_delay=_env_float(env, "STANDIN_TOKEN_DELAY", 0.0) or 0.0,
             reply_tokens=int(raw_tokens),
+            record=env.get("STANDIN_RECORD", "").strip(),
         )
 
 
@@ -280,6 +287,96 @@ def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Multipart form data (the upload routes) and the request record.
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One file part of a multipart request."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+
+def _header_params(value: str) -> tuple[str, dict[str, str]]:
+    """`form-data; name="a"; filename="b.wav"` -> ("form-data", {"name": "a", "filename": "b.wav"})."""
+    message = Message()
+    message["content-disposition"] = value
+    params = message.get_params(header="content-disposition") or []
+    main = params[0][0] if params else ""
+    return main, {key.lower(): collapse_rfc2231_value(val) for key, val in params[1:]}
+
+
+def parse_multipart(raw: bytes, content_type: str) -> dict[str, Any]:
+    """A multipart/form-data body -> {field: text | Upload | [several]} (a repeated field is a list).
+
+    Split on the boundary exactly (no line-ending rewriting), so a file part's bytes are what was sent.
+    """
+    message = Message()
+    message["content-type"] = content_type
+    boundary = message.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        raise RequestError(400, "multipart/form-data without a boundary.")
+    delimiter = b"--" + boundary.encode("latin-1")
+    chunks = raw.split(delimiter)
+    if len(chunks) < 2 or not chunks[-1].startswith(b"--"):
+        raise RequestError(400, "malformed multipart/form-data body (no closing boundary).")
+    form: dict[str, Any] = {}
+    for chunk in chunks[1:-1]:
+        part = chunk[2:] if chunk.startswith(b"\r\n") else chunk
+        head, sep, data = part.partition(b"\r\n\r\n")
+        if not sep:
+            raise RequestError(400, "malformed multipart/form-data part (no header end).")
+        data = data[:-2] if data.endswith(b"\r\n") else data
+        headers: dict[str, str] = {}
+        for line in head.decode("utf-8", "replace").split("\r\n"):
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        kind, params = _header_params(headers.get("content-disposition", ""))
+        name = params.get("name")
+        if kind != "form-data" or not name:
+            raise RequestError(400, "multipart part without `Content-Disposition: form-data; name=...`.")
+        value: Any
+        if "filename" in params:
+            value = Upload(params["filename"], headers.get("content-type", "application/octet-stream"), data)
+        else:
+            value = data.decode("utf-8", "replace")
+        if name in form:
+            previous = form[name]
+            form[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            form[name] = value
+    return form
+
+
+_record_lock = threading.Lock()
+
+
+def record_request(path: str, method: str, content_type: str, body: dict[str, Any], file: str) -> None:
+    """Append one JSON line describing a served request to `file` (STANDIN_RECORD)."""
+    entry: dict[str, Any] = {"method": method, "path": path, "content_type": content_type.split(";")[0]}
+    if entry["content_type"] == "multipart/form-data":
+        fields: dict[str, Any] = {}
+        files: list[dict[str, Any]] = []
+        for name, value in body.items():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, Upload):
+                    files.append({"field": name, "filename": item.filename, "content_type": item.content_type,
+                                  "size": len(item.data), "sha256": hashlib.sha256(item.data).hexdigest()})
+                elif isinstance(value, list):
+                    fields.setdefault(name, []).append(item)
+                else:
+                    fields[name] = item
+        entry.update(form=fields, files=files)
+    else:
+        entry["json"] = body
+    line = json.dumps(entry) + "\n"
+    with _record_lock, open(file, "a", encoding="utf-8") as out:
+        out.write(line)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Configuration of one run (from the command line) and its state.
 
 
@@ -425,6 +522,22 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(400, "request body must be a JSON object")
         return body
 
+    def read_raw(self) -> bytes:
+        length = int(self.headers.get("content-length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def read_form(self) -> dict[str, Any]:
+        """A multipart/form-data body (the upload routes), parsed by parse_multipart."""
+        content_type = self.headers.get("content-type", "")
+        raw = self.read_raw()
+        if not content_type.lower().startswith("multipart/form-data"):
+            raise RequestError(400, "this route takes multipart/form-data.")
+        return parse_multipart(raw, content_type)
+
+    def send_bytes(self, status: int, content_type: str, data: bytes) -> None:
+        self.send_head(status, content_type, len(data))
+        self.wfile.write(data)
+
     def chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
@@ -452,7 +565,12 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     self.send_json(404, {"detail": "Not Found"})
                 return
-            body = self.read_json() if method == "POST" else {}
+            body: dict[str, Any] = {}
+            if method == "POST":
+                body = self.read_form() if getattr(handler, "takes_form", False) else self.read_json()
+                if self.server.opts.record:
+                    record_request(path, method, self.headers.get("content-type", ""), body,
+                                   self.server.opts.record)
             handler(self, body)
         except RequestError as exc:
             self.send_error_json(exc.status, str(exc), exc.kind)

@@ -1,4 +1,4 @@
-"""The SGLang stand-in: SGLang's command line, log grammar and /health behaviour (REFERENCE.md §3).
+"""The SGLang stand-in: SGLang's command line, log grammar and /health behaviour (docs/engines.md).
 
 SGLang loads the weights with its port closed, then starts uvicorn (`Uvicorn running on http://...`
 comes BEFORE warm-up ends), answers /health with 503 while it warms up by sending itself
@@ -18,6 +18,7 @@ from http import HTTPStatus
 from typing import Any
 
 from bakery_standin import SGLANG_VERSION, STANDIN_LABEL
+from bakery_standin.api import SGLANG_ROUTES
 from bakery_standin.core import (
     EngineProfile,
     Flag,
@@ -214,6 +215,7 @@ class SglangProfile(EngineProfile):
             ("GET", "/get_model_info"): self._model_info,
             ("GET", "/health_generate"): self._health_generate,
             ("POST", "/generate"): generate_route,
+            **SGLANG_ROUTES,
         }
 
     @staticmethod

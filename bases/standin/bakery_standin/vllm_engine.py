@@ -1,4 +1,4 @@
-"""The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (REFERENCE.md §3).
+"""The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (docs/engines.md).
 
 vLLM binds its port before loading but listens only when ready: until then connections are refused.
 Its logger writes `(APIServer pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] message` to stdout; uvicorn's
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bakery_standin import STANDIN_LABEL, VLLM_VERSION
+from bakery_standin.api import VLLM_ROUTES
 from bakery_standin.core import (
     BASE_ROUTES,
     EngineProfile,
@@ -278,6 +279,7 @@ class VllmProfile(EngineProfile):
             ("GET", "/version"): lambda h, _b: h.send_json(200, {"version": self.version}),
             ("GET", "/ping"): BASE_ROUTES[("GET", "/health")],
             ("POST", "/ping"): BASE_ROUTES[("GET", "/health")],
+            **VLLM_ROUTES,
         }
 
 

@@ -1,9 +1,11 @@
 """Shared core of bakery's OpenAI-compatible workers (vllm, sglang, llama; openai is an alias).
 
-vLLM, SGLang and llama.cpp serve the same `/v1/completions` and `/v1/chat/completions` surface, so
-one worker proxies all three; each engine's `worker.py` only supplies an `EngineDefaults`. Every
-default can be overridden from the environment (the image bakes per-engine values; see
-docs/architecture.md, "Environment contract (worker)").
+vLLM, SGLang and llama.cpp serve the same OpenAI surface, so one worker proxies all three; each
+engine's `worker.py` only supplies an `EngineDefaults`. The routes it serves (OPENAI_ROUTES), the one
+it benchmarks (BENCHMARK_ROUTE), uploads and workloads come from routes.py (docs/routes.md); the
+guards on port 3000 from guards.py (docs/security.md). Every default can be overridden from the
+environment (the image bakes per-engine values; see docs/architecture.md, "Environment contract
+(worker)").
 
 The environment is resolved by plain functions that take a mapping, so every rule is unit-tested
 without the SDK. The `vastai` SDK is imported only by `run()`, inside the worker's own venv.
@@ -19,26 +21,25 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from workers.openai import guards, routes, uploads
+
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
 DEFAULT_INFO_LINES = ('"message":"Download',)
-# Upstream benchmark sizes (pyworker #88): 3 runs of 10 concurrent requests, 500 max_tokens.
-DEFAULT_BENCHMARK_RUNS = 3
-DEFAULT_BENCHMARK_CONCURRENCY = 10
+# Upstream's benchmark budget (pyworker #88). Runs and concurrency are the benchmarked route's own
+# (routes.ROUTE_TABLE: 3 x 10 for text) unless BENCHMARK_RUNS / BENCHMARK_CONCURRENCY are set.
 DEFAULT_BENCHMARK_MAX_TOKENS = 500
-BENCHMARK_PROMPT_WORDS = 250
 DEFAULT_READINESS = "logs"
 READINESS_MODES = ("logs", "healthcheck")
 DEFAULT_READINESS_TIMEOUT = 1800.0
@@ -46,8 +47,6 @@ DEFAULT_HEALTHCHECK_PROBE_TIMEOUT = 30.0
 # Upstream handler settings: requests may run in parallel, queued up to 10 minutes.
 MAX_QUEUE_TIME = 600.0
 MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")
-ROUTES = ("/v1/completions", "/v1/chat/completions")
-BENCHMARK_ROUTE = "/v1/completions"
 WORDS_FILE = Path(__file__).with_name("benchmark_words.txt")
 # The SDK logs this (and then retries forever) when it cannot start its HTTP servers.
 SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
@@ -63,6 +62,8 @@ PER_REQUEST_LINE = re.compile(
 SDK_REQUEST_LOGGERS = ("vastai.serverless.server.lib.metrics", "vastai.serverless.server.lib.backend")
 # aiohttp's access logger: one INFO line per request; only the 2xx ones are dropped (see AccessLines).
 ACCESS_LOGGER = "aiohttp.access"
+# Access lines of these paths are always kept, 2xx too.
+AUDITED_PATHS = ("/session", "/pyworker")
 # Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
 SDK_AUTH_DATA = ("vastai.serverless.server.lib.data_types", "AuthData")
 TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
@@ -119,8 +120,8 @@ class Settings:
     error_lines: list[str]
     info_lines: list[str]
     model_id: str | None
-    benchmark_runs: int
-    benchmark_concurrency: int
+    benchmark_runs: int  # of the benchmarked route: BENCHMARK_RUNS, else the route's own
+    benchmark_concurrency: int  # likewise BENCHMARK_CONCURRENCY
     benchmark_max_tokens: int
     readiness: str
     readiness_timeout: float
@@ -128,6 +129,10 @@ class Settings:
     worker_port: int
     worker_http_port: int
     log_requests: bool = False
+    unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
+    # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
+    routes: routes.RouteSettings = field(
+        default_factory=lambda: routes.RouteSettings(routes.DEFAULT_ROUTES, routes.DEFAULT_BENCHMARK_ROUTE))
     warnings: list[str] = field(default_factory=list)
 
 
@@ -304,6 +309,15 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     """Resolve every setting from `defaults` and `env`. Raises ConfigError on unusable input."""
     warnings: list[str] = []
     worker_port, http_port = check_platform_env(env)
+    try:
+        unsecured = bool(guards.parse_bool("UNSECURED", env.get("UNSECURED")))
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    try:
+        route_settings = routes.load_route_settings(env)
+    except routes.RouteConfigError as exc:
+        raise ConfigError(exc.lines) from None
+    benchmarked = routes.ROUTES[route_settings.benchmark_route]
     server_url, server_base, server_port = resolve_server(env)
     health = _value(env, "MODEL_HEALTH_ENDPOINT") or defaults.health_endpoint
     readiness = (_value(env, "READINESS") or DEFAULT_READINESS).strip().lower()
@@ -325,9 +339,9 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         error_lines=env_lines(env, "MODEL_ERROR_LOG_MSGS", defaults.error_lines, warnings),
         info_lines=env_lines(env, "MODEL_INFO_LOG_MSGS", defaults.info_lines, warnings),
         model_id=resolve_model_id(env),
-        benchmark_runs=env_positive_int(env, "BENCHMARK_RUNS", DEFAULT_BENCHMARK_RUNS, warnings),
+        benchmark_runs=env_positive_int(env, "BENCHMARK_RUNS", benchmarked.runs, warnings),
         benchmark_concurrency=env_positive_int(
-            env, "BENCHMARK_CONCURRENCY", DEFAULT_BENCHMARK_CONCURRENCY, warnings
+            env, "BENCHMARK_CONCURRENCY", benchmarked.concurrency, warnings
         ),
         benchmark_max_tokens=env_positive_int(
             env, "BENCHMARK_MAX_TOKENS", DEFAULT_BENCHMARK_MAX_TOKENS, warnings
@@ -342,7 +356,9 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         worker_port=worker_port,
         worker_http_port=http_port,
         log_requests=env_bool(env, LOG_REQUESTS_VAR, False, warnings),
-        warnings=warnings,
+        unsecured=unsecured,
+        routes=route_settings,
+        warnings=[*warnings, *route_settings.warnings],
     )
 
 
@@ -368,6 +384,52 @@ def readiness_kwargs(settings: Settings, config_cls: Any) -> tuple[dict[str, Any
     return kwargs, f"readiness: {settings.readiness}{extra}"
 
 
+# --------------------------------------------------------------------------- body limit
+
+
+BODY_LIMIT_VAR = guards.VARIABLES["max_body_bytes"][0]  # BAKERY_MAX_BODY_BYTES
+
+
+def carries_files(route_settings: routes.RouteSettings) -> bool:
+    """Whether a served route takes files in the body (base64 uploads, or data: URI references)."""
+    return any(routes.ROUTES[r].uploads or routes.ROUTES[r].references for r in route_settings.routes)
+
+
+def upload_body_bytes(request_upload_bytes: int) -> int:
+    """The body that carries `request_upload_bytes` of uploads: 3/2 of them, i.e. base64's 4/3 plus
+    a sixth (10.7 MiB at the 64 MiB default) for line breaks, JSON escaping and the other fields."""
+    return request_upload_bytes * 3 // 2
+
+
+def reconcile_limits(limits: guards.Limits, route_settings: routes.RouteSettings,
+                     env: Mapping[str, str]) -> tuple[guards.Limits, list[str], list[str]]:
+    """The body limit (BAKERY_MAX_BODY_BYTES) against the upload limits; (limits, notes, warnings).
+
+    The body limit is the outer bound: the HTTP server refuses a larger body (413) before buffering
+    it, and only then are uploads decoded and checked (422). Base64 makes a file 4/3 larger, so the
+    16 MiB default could never carry upstream's 25 MiB file. When BAKERY_MAX_BODY_BYTES is unset and
+    a served route takes files, the body limit follows OPENAI_MAX_REQUEST_UPLOAD_BYTES
+    (upload_body_bytes; never below the default); a text-only worker keeps 16 MiB. A body limit set
+    below one base64'd OPENAI_MAX_UPLOAD_BYTES file is kept, with a warning.
+    """
+    if not carries_files(route_settings):
+        return limits, [], []
+    files = route_settings.limits
+    if _value(env, BODY_LIMIT_VAR) is None:
+        body = max(limits.max_body_bytes, upload_body_bytes(files.request_bytes))
+        note = (f"{BODY_LIMIT_VAR}={body} (follows {uploads.MAX_REQUEST_UPLOAD_BYTES_VAR}="
+                f"{files.request_bytes}: routes with uploads are served; set {BODY_LIMIT_VAR} to change it)")
+        return replace(limits, max_body_bytes=body), [note], []
+    one_file = math.ceil(files.file_bytes / 3) * 4
+    if limits.max_body_bytes >= one_file:
+        return limits, [], []
+    return limits, [], [
+        f"{BODY_LIMIT_VAR}={limits.max_body_bytes} cannot carry one {uploads.MAX_UPLOAD_BYTES_VAR}="
+        f"{files.file_bytes} upload (base64: {one_file} bytes): larger uploads get 413; raise "
+        f"{BODY_LIMIT_VAR} to at least {upload_body_bytes(files.file_bytes)} or lower "
+        f"{uploads.MAX_UPLOAD_BYTES_VAR}"]
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -375,44 +437,6 @@ def load_words(path: Path = WORDS_FILE) -> list[str]:
     """The benchmark vocabulary shipped with the worker (one word a line, `#` comments)."""
     stripped = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
     return [word for word in stripped if word and not word.startswith("#")]
-
-
-def benchmark_generator(
-    words: list[str], model_id: str | None, max_tokens: int, rng: random.Random | None = None
-) -> Callable[[], dict[str, Any]]:
-    """A factory of benchmark completion requests (random prompt from `words`).
-
-    Without a model id the field is left out: llama.cpp ignores it and vLLM/SGLang then use
-    their only served model, rather than failing the benchmark outright as upstream did.
-    """
-    choose = (rng or random.Random()).choices  # noqa: S311 (a benchmark prompt, not a secret)
-
-    def generate() -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "prompt": " ".join(choose(words, k=BENCHMARK_PROMPT_WORDS)),
-            "temperature": 0.7,
-            "max_tokens": max_tokens,
-        }
-        if model_id:
-            body["model"] = model_id
-        return body
-
-    return generate
-
-
-def request_parser(body: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI body of a request payload (upstream also accepts it wrapped in `input`)."""
-    inner = body.get("input")
-    return inner if isinstance(inner, dict) else body
-
-
-def workload(body: dict[str, Any]) -> float:
-    """A request's workload for the autoscaler: its token budget (0 when it gives none)."""
-    for key in ("max_tokens", "max_completion_tokens"):
-        value = body.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
 
 
 # --------------------------------------------------------------------------- ports
@@ -515,24 +539,17 @@ def _import_sdk() -> Any:
     return vastai
 
 
-def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple[Any, str]:
-    """The SDK's WorkerConfig for `settings`, and the readiness note to print."""
-    benchmark = sdk.BenchmarkConfig(
-        generator=benchmark_generator(words, settings.model_id, settings.benchmark_max_tokens),
-        runs=settings.benchmark_runs,
-        concurrency=settings.benchmark_concurrency,
-    )
-    handlers = [
-        sdk.HandlerConfig(
-            route=route,
-            allow_parallel_requests=True,
-            max_queue_time=MAX_QUEUE_TIME,
-            request_parser=request_parser,
-            workload_calculator=workload,
-            benchmark_config=benchmark if route == BENCHMARK_ROUTE else None,
-        )
-        for route in ROUTES
-    ]
+def build_worker_config(settings: Settings, sdk: Any, words: list[str],
+                        max_sessions: int = guards.Limits.max_sessions) -> tuple[Any, str]:
+    """The SDK's WorkerConfig for `settings`, and the readiness note to print.
+
+    One handler per served route (OPENAI_ROUTES, in order), built by routes.py; only the
+    benchmarked route (BENCHMARK_ROUTE) carries the benchmark.
+    """
+    specs = routes.handler_specs(
+        settings.routes, words=words, model_id=settings.model_id, max_tokens=settings.benchmark_max_tokens,
+        runs=settings.benchmark_runs, concurrency=settings.benchmark_concurrency)
+    handlers = routes.sdk_handlers(specs, sdk, MAX_QUEUE_TIME)
     extra, note = readiness_kwargs(settings, sdk.WorkerConfig)
     config = sdk.WorkerConfig(
         model_server_url=settings.server_base,
@@ -545,6 +562,7 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str]) -> tuple
             on_error=settings.error_lines,
             on_info=settings.info_lines,
         ),
+        max_sessions=max_sessions,  # always positive: the SDK takes 0 or None as "no cap"
         **extra,
     )
     return config, note
@@ -601,16 +619,23 @@ class PerRequestLines(logging.Filter):
 
 
 class AccessLines(logging.Filter):
-    """Drops aiohttp's access line of a request answered 2xx; every other status (the SDK answers a bad
-    envelope 422, a bad signature 401, a full queue 429, an engine failure 500, none of them with a
-    line of its own) and every other record passes.
+    """Drops aiohttp's access line of a model request answered 2xx; every other status (the SDK answers
+    a bad envelope 422, a bad signature 401, a full queue 429, an engine failure 500, none of them with
+    a line of its own), every /session/ and /pyworker/ line (rare, and what a reviewer audits) and
+    every other record passes.
 
-    aiohttp gives the status to the record as `response_status`; a record without it passes.
+    aiohttp gives the status to the record as `response_status` and the request line as
+    `first_request_line`; a record without a status passes.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         status = getattr(record, "response_status", None)
-        return not (isinstance(status, int) and 200 <= status < 300)
+        if not (isinstance(status, int) and 200 <= status < 300):
+            return True
+        line = getattr(record, "first_request_line", "")
+        parts = line.split(" ", 2) if isinstance(line, str) else []
+        path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
+        return any(path == p or path.startswith(p + "/") for p in AUDITED_PATHS)
 
 
 def _add_filter_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
@@ -685,12 +710,16 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     try:
         settings = load_settings(defaults, env)
+        limits, errors = guards.load_limits(env)
+        if errors:
+            raise ConfigError(errors)
     except ConfigError as exc:
         for line in exc.lines:
             print(f"bakery-worker: error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
+    limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
     _say(banner(settings))
-    for warning in settings.warnings:
+    for warning in [*settings.warnings, *limit_warnings]:
         _warn(warning)
     if settings.model_id is None:
         _warn(f"no model id ({', '.join(MODEL_ID_VARS)} all unset): benchmark requests omit 'model'")
@@ -702,14 +731,31 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not signature_cached:
         _warn(f"{'.'.join(SDK_AUTH_DATA)} not found (a changed SDK): its signature is not cached, "
               "requests are served as the SDK serves them")
-    config, note = build_worker_config(settings, sdk, words)
+    config, note = build_worker_config(settings, sdk, words, limits.max_sessions)
     _say(describe(settings, signature_cached))
+    for line in routes.startup_lines(settings.routes):
+        _say(line)
     _say(f"bakery-worker: {note}")
     try:
         lock_fd = claim_ports(settings)
     except PortBusy as exc:
         _fail(f"{exc}: stop the other listener or set WORKER_PORT", EXIT_PORT_BUSY)
+    # The SDK reads UNSECURED itself (distutils' strtobool: a blank or " true" crashes it, "on" or "t"
+    # passes): it gets the worker's strict reading, and is checked to hold it.
+    os.environ["UNSECURED"] = "true" if settings.unsecured else "false"
     worker = sdk.Worker(config)
+    if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
+        _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
+    try:
+        guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
+                       report_addr=env.get("REPORT_ADDR", "").strip())
+    except guards.GuardError as exc:
+        _fail(str(exc), EXIT_SDK)
+    _say(guards.describe(guards.ACTIVE, limits))
+    for line in limit_notes:
+        _say(f"bakery-worker: {line}")
+    if settings.unsecured:
+        _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")
     watch_log_file(settings.model_log)
     # Added after Worker() so the SDK still installs its own log handler on the root logger.
     logging.getLogger().addHandler(_LaunchFailureExit())

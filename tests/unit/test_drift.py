@@ -1,0 +1,128 @@
+"""bakery.drift against small local source fixtures (tests/unit/fixtures/drift/): every baked load and
+error line is found, declared, or the check fails naming the spec, the variable and the line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bakery import drift
+from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine, load_spec_file
+
+FIXTURES = Path(__file__).parent / "fixtures" / "drift"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bakery.drift", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+
+
+def test_every_llama_line_is_found_where_the_source_prints_it() -> None:
+    found = {f.line: f.where for f in drift.check(load_engine("llama"), FIXTURES / "llama")}
+    assert found == {
+        "model loaded": "tools/server/server.cpp:11",
+        "INFO exited: llama": "bakery (the entry point, when the program exits)",
+        "error loading model": "src/llama.cpp:3",
+        "failed to load model": "src/llama.cpp:4",
+        "exiting due to model loading error": "tools/server/server.cpp:8",
+        "couldn't bind HTTP server socket": "tools/server/server.cpp:4",
+    }
+
+
+def test_declared_origins_and_patterns() -> None:
+    findings = {f.line: (f.how, f.where) for f in drift.check(load_engine("vllm"), FIXTURES / "vllm")}
+    assert findings == {
+        "Application startup complete.": ("origin", "uvicorn"),
+        "INFO exited: vllm": ("origin", "bakery (the entry point, when the program exits)"),
+        # the exception is built over several lines; the declared pattern spans them
+        "RuntimeError: Engine": ("pattern", "vllm/v1/engine/utils.py:4"),
+        "Traceback (most recent call last):": ("origin", "python"),
+    }
+    assert run("--engine", "sglang", "--source-dir", str(FIXTURES / "sglang")).returncode == 0
+
+
+def _spec_with_load_line(tmp_path: Path, line: str) -> Path:
+    data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
+    data["bake"]["env"]["MODEL_LOAD_LOG_MSG"] = [line]
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "llama.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return images
+
+
+def test_a_line_gone_upstream_fails_by_name(tmp_path: Path) -> None:
+    # Quoted only by a test of the engine: not printed by it, so it has drifted.
+    images = _spec_with_load_line(tmp_path, "model is ready to serve")
+    proc = run("--images-dir", str(images), "--engine", "llama", "--source-dir", str(FIXTURES / "llama"))
+    assert proc.returncode == 1
+    assert "MISSING   'model is ready to serve'  (MODEL_LOAD_LOG_MSG, literal)" in proc.stdout
+    assert proc.stderr.strip() == (
+        f"bakery.drift: {images}/llama.yaml: MODEL_LOAD_LOG_MSG: 'model is ready to serve' no longer occurs in "
+        "ggml-org/llama.cpp@b6550 (literally); fix the line, or declare where it comes from in upstream.lines")
+
+
+def test_a_source_change_is_caught(tmp_path: Path) -> None:
+    source = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "llama", source)
+    server = source / "tools" / "server" / "server.cpp"
+    server.write_text(server.read_text().replace("couldn't bind", "could not bind"))
+    gone = [f.line for f in drift.check(load_engine("llama"), source) if not f.found]
+    assert gone == ["couldn't bind HTTP server socket"]
+
+
+def test_a_pattern_that_no_longer_matches_names_the_pattern(tmp_path: Path) -> None:
+    source = tmp_path / "vllm"
+    shutil.copytree(FIXTURES / "vllm", source)
+    utils = source / "vllm" / "v1" / "engine" / "utils.py"
+    utils.write_text(utils.read_text().replace("Engine core initialization failed", "EngineCore failed to start"))
+    proc = run("--engine", "vllm", "--source-dir", str(source))
+    assert proc.returncode == 1
+    assert "images/vllm.yaml: MODEL_ERROR_LOG_MSGS: 'RuntimeError: Engine' no longer occurs in " \
+           "vllm-project/vllm@v0.10.2 (pattern 'RuntimeError\\\\(\\\\s*\"Engine core initialization failed')" \
+           in proc.stderr, proc.stderr
+
+
+def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
+    # A local repository stands for GitHub: only the tag the spec pins has the lines.
+    git = shutil.which("git")
+    if git is None:
+        pytest.fail("git is needed for bakery.drift --fetch")
+    origin = tmp_path / "github" / "ggml-org" / "llama.cpp"
+    shutil.copytree(FIXTURES / "llama", origin)
+
+    def sh(*cmd: str) -> None:
+        subprocess.run([git, "-c", "user.name=t", "-c", "user.email=t@t", *cmd], cwd=origin, check=True,
+                       capture_output=True)
+
+    sh("init", "-q")
+    sh("add", "-A")
+    sh("commit", "-qm", "pinned")
+    sh("tag", "b6550")
+    (origin / "src" / "llama.cpp").write_text("// the loader's messages moved\n")
+    sh("commit", "-qam", "later")
+    sh("clone", "-q", "--bare", str(origin), str(origin) + ".git")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), drift.GIT_BASE_VAR: str(tmp_path / "github")}
+    proc = run("--engine", "llama", "--fetch", "--workdir", str(tmp_path / "work"), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "found     'error loading model'  src/llama.cpp:3 (literal)" in proc.stdout
+    wrong = load_spec_file(IMAGES_DIR / "llama.yaml").model_copy(update={"version": "b9999"})
+    with pytest.raises(drift.InputError, match=r"cannot clone .*llama\.cpp\.git at tag 'b9999'"):
+        drift.fetch(wrong, tmp_path / "work2")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--engine", "llama", "--source-dir", "/no/such/dir"),
+     "bakery.drift: --source-dir /no/such/dir: not a directory (a checkout of ggml-org/llama.cpp at b6550)"),
+    (("--all", "--source-dir", "/tmp"), "bakery.drift: --source-dir is one engine's checkout: choose exactly one "
+                                        "--engine"),
+    (("--engine", "tgi", "--source-dir", "/tmp"),
+     "bakery.drift: unknown engine 'tgi': choose one of llama, sglang, vllm (files in images/)"),
+])
+def test_bad_input_is_one_line(args: tuple[str, ...], message: str) -> None:
+    proc = run(*args)
+    assert (proc.returncode, proc.stderr.strip()) == (2, message)

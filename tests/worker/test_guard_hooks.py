@@ -1,0 +1,129 @@
+"""The SDK internals the worker's guards hook into are still there and behave as the guards assume.
+
+tests/worker/guard_hooks_probe.py runs in the real worker venv (vastai as locked) and reports the
+facts; each test here pins one. An SDK upgrade that renames a hook, stops calling it, or starts doing
+what a guard does itself fails a test named after the guard, instead of leaving that guard as dead
+code. Also pinned: the SDK's own signature check covers only auth_data.url (what docs/security.md
+says a captured envelope can be replayed with), so a release that signs more is noticed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workers.openai import guards
+
+from tests.worker.helpers import HERE, WORKER_DIR
+
+
+@pytest.fixture(scope="module")
+def facts(worker_python: Path) -> dict[str, Any]:
+    """The probe's report from the real SDK."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    result = subprocess.run([str(worker_python), str(HERE / "guard_hooks_probe.py")], capture_output=True,
+                            text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_the_server_module_builds_its_apps_through_web(facts: dict[str, Any]) -> None:
+    """All HTTP guards ride on the `web` name of the SDK's server module (WebShim)."""
+    assert facts["server_web_is_aiohttp_web"] is True
+    assert facts["server_uses"] == ["AppRunner", "Application", "TCPSite", "add_post", "web"]
+    assert facts["sdk_http_site_port_kw"] is True  # http_listener finds the second site by port=
+
+
+def test_limits_the_sdk_still_sets_no_body_limit_nor_engine_timeout(facts: dict[str, Any]) -> None:
+    """If the SDK starts limiting itself, the limits guard's reasons change: look again."""
+    assert facts["sdk_unlimited_body"] is True
+    assert facts["session_is_cached_property"] is True
+    assert facts["sdk_session_total_timeout"] is True
+
+
+def test_limits_the_engine_session_is_the_guards(facts: dict[str, Any]) -> None:
+    """After the startup hook the SDK's `session` is the guard's, with both timeouts and no total."""
+    assert facts["engine_session"] == {"sock_connect": 3.5, "sock_read": 7.5, "total": None,
+                                       "base_url": "http://127.0.0.1:18000"}
+
+
+def test_limits_an_engine_that_never_accepts_times_out_and_is_recorded(facts: dict[str, Any]) -> None:
+    """Connect timeout 1 s against a listener whose backlog is full: the guarded call gives up after
+    ~1 s with aiohttp's connection timeout, recorded for the middleware's 504."""
+    result = facts["engine_connect"]
+    assert result["error"] == result["recorded"] == "ConnectionTimeoutError", result
+    assert 0.9 <= result["seconds"] <= 5, result
+
+
+def test_requests_go_through_the_hooked_methods(facts: dict[str, Any]) -> None:
+    """own_url wraps the signature check, limits the engine call: both must be what a request calls."""
+    assert all(facts["backend_methods"].values()), facts["backend_methods"]
+    assert facts["handle_request_calls"] == ["_Backend__call_backend", "_Backend__check_signature"]
+
+
+def test_not_ready_the_benchmark_bypasses_the_http_server(facts: dict[str, Any]) -> None:
+    """The 503 before load is safe only because the SDK's benchmark calls the engine directly."""
+    assert facts["benchmark_calls"] == ["_Backend__call_backend"]
+    assert facts["model_is_loaded_at_start"] is False
+
+
+def test_pubkey_retry_hooks(facts: dict[str, Any]) -> None:
+    """The key fetch is `_fetch_pubkey`, readiness waits on the event and reports via _model_loaded."""
+    assert facts["start_tracking_calls"] == ["_fetch_pubkey"]
+    assert facts["read_logs_calls"] == ["_Backend__pubkey_failed", "_Backend__pubkey_fetch_complete",
+                                        "_model_loaded"]
+    assert facts["pubkey_event"] == "Event"
+
+
+def test_own_url_is_the_reported_url(facts: dict[str, Any]) -> None:
+    """The URL the worker reports (and own_url compares with) is PUBLIC_IPADDR + VAST_TCP_PORT_<port>."""
+    assert facts["metrics_url"] == facts["metrics_get_url"] == "http://203.0.113.7:41234"
+
+
+def test_the_sdk_signs_only_the_url(facts: dict[str, Any]) -> None:
+    """A valid envelope stays valid with any cost, reqnum, request_idx, endpoint (and the payload is
+    not even an argument); a signature for another worker's URL passes the SDK's own check. When a
+    release changes any of these, docs/security.md and own_url must be looked at again."""
+    check = facts["sdk_check"]
+    assert check["parameters"] == ["auth_data"]
+    assert check["valid"] is True
+    assert check["other_cost_reqnum_idx_endpoint"] is True
+    assert check["other_url_signed_for_it"] is True
+    assert check["flipped"] is False and check["empty"] is False
+    assert facts["auth_fields"] == list(guards.AUTH_FIELDS)
+
+
+def test_the_sdk_reads_unsecured_loosely(facts: dict[str, Any]) -> None:
+    """Why the worker hands the SDK its own reading: strtobool takes `on`, crashes on a blank."""
+    readings = facts["sdk_unsecured_readings"]
+    assert readings["'on'"] is True and readings["'t'"] is True
+    assert readings["''"].startswith("ValueError") and readings["' true'"].startswith("ValueError")
+    assert facts["unsecured_from_env"] is False
+
+
+def test_header_timeout_rides_on_aiohttps_keepalive_timer(facts: dict[str, Any]) -> None:
+    assert facts["aiohttp_keepalive_at_connect"] is True
+    assert facts["aiohttp_keepalive_closes_waiting"] is True
+
+
+def test_sessions_and_self_update_routes_are_the_ones_guarded(facts: dict[str, Any]) -> None:
+    """A new SDK route under another prefix would be unguarded: this list must be re-read."""
+    assert facts["sdk_session_routes"] == ["/pyworker/update", "/session/create", "/session/end",
+                                           "/session/get", "/session/health"]
+
+
+def test_each_guard_changes_its_own_things_only(facts: dict[str, Any]) -> None:
+    """Installed alone on a real Worker, every guard changes something, and no two change the same
+    thing: removing one name from ACTIVE removes exactly that guard."""
+    prints = facts["fingerprints"]
+    assert sorted(prints) == sorted(guards.ACTIVE)
+    seen: dict[str, str] = {}
+    for name, changed in prints.items():
+        assert changed, f"guard {name} changes nothing"
+        for item in changed:
+            assert item not in seen, f"{item} changed by both {seen.get(item)} and {name}"
+            seen[item] = name

@@ -1,0 +1,529 @@
+"""The worker's guards on the real SDK, as the platform uses it: signed requests, on loopback.
+
+One worker (module scope) runs secured in front of tests/worker/guard_engine.py with small limits;
+REPORT_ADDR is a local report server that serves a real public key and records every report, and the
+tests sign envelopes as the platform does (helpers.SigningKey). Workers of their own cover what needs
+another environment: a key served late, sessions turned on, bad variables, the real llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.worker.helpers import (
+    HERE,
+    SDK_READY,
+    Proc,
+    ReportServer,
+    SigningKey,
+    free_port,
+    free_port_pair,
+    make_signing_key,
+    start_llama,
+    start_worker,
+    worker_env_for,
+)
+
+pytestmark = pytest.mark.slow
+GUARD_ENGINE = HERE / "guard_engine.py"
+SMALL_LIMITS = {"BAKERY_MAX_BODY_BYTES": "65536", "BAKERY_BODY_TIMEOUT": "2", "BAKERY_HEADER_TIMEOUT": "2",
+                "BAKERY_ENGINE_IDLE_TIMEOUT": "2", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
+ENGINE_LOAD_SECONDS = 3.0
+
+
+@pytest.fixture(scope="session")
+def key(worker_python: Path) -> SigningKey:
+    """The platform's key pair (the report server serves its public half)."""
+    return make_signing_key(worker_python)
+
+
+@pytest.fixture(scope="session")
+def other_key(worker_python: Path) -> SigningKey:
+    """A key the worker does not know."""
+    return make_signing_key(worker_python)
+
+
+@dataclass
+class Running:
+    """A secured worker in front of the guard engine, and what the tests need to talk to it."""
+
+    port: int
+    url: str  # the worker's own URL, as it reports it
+    worker: Proc
+    engine_log: Path
+    reports: ReportServer
+    key: SigningKey
+    early: tuple[int, bytes, dict[str, str]]  # a signed request sent before the model was loaded
+
+    def auth(self, url: str | None = None, key: SigningKey | None = None, idx: int = 1, **extra: Any) -> dict:
+        """auth_data signed for `url` (default: this worker) with `key` (default: the platform's)."""
+        target = url or self.url
+        return {"cost": "8", "endpoint": "test", "reqnum": idx, "request_idx": idx,
+                "signature": (key or self.key).sign(target), "url": target, **extra}
+
+
+def request(port: int, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+            method: str = "POST", timeout: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
+    """One HTTP request to 127.0.0.1:`port`; (status, body, headers)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read(), {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        conn.close()
+
+
+def send(port: int, path: str, envelope: Any, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+    """POST `envelope` as JSON; the body comes back decoded when it is JSON."""
+    status, body, headers = request(port, path, json.dumps(envelope).encode(), **kw)
+    with contextlib.suppress(ValueError):
+        return status, json.loads(body), headers
+    return status, body, headers
+
+
+def json_error(result: tuple[int, Any, dict[str, str]], status: int) -> str:
+    """Assert `result` is `status` with a JSON {"error": ...} body; return the error."""
+    got, body, headers = result
+    assert got == status, (got, body)
+    assert headers.get("content-type", "").startswith("application/json"), headers
+    assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], body
+    return body["error"]
+
+
+def start_engine(tmp: Path, procs: list[Proc], load_seconds: float = 0.0) -> tuple[int, Path]:
+    """The guard engine on a free loopback port; its port and log (the worker's MODEL_LOG)."""
+    port, log = free_port(), tmp / "engine.log"
+    procs.append(Proc([sys.executable, str(GUARD_ENGINE), "--port", str(port), "--log", str(log),
+                       "--load-seconds", str(load_seconds)], tmp / "engine.out"))
+    return port, log
+
+
+def secured_env(worker_python: Path, tmp: Path, port: int, engine_port: int, log: Path, report_url: str,
+                **extra: str | None) -> dict[str, str]:
+    """The platform's environment without UNSECURED, for a worker in front of the guard engine."""
+    return worker_env_for("llama", worker_python, tmp / "state", port, report_url, UNSECURED=None,
+                          MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", **extra)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory, worker_python: Path, key: SigningKey) -> Iterator[Running]:
+    """The shared secured worker; its first request is sent while the engine still loads."""
+    tmp = tmp_path_factory.mktemp("guards")
+    procs: list[Proc] = []
+    reports = ReportServer(key.pem)
+    try:
+        engine_port, log = start_engine(tmp, procs, ENGINE_LOAD_SECONDS)
+        port = free_port_pair()
+        worker = start_worker(tmp, secured_env(worker_python, tmp, port, engine_port, log, reports.url,
+                                               **SMALL_LIMITS), procs)
+        worker.wait_for("HTTP servers started", timeout=60)
+        url = f"http://127.0.0.1:{port}"
+        probe = Running(port, url, worker, log, reports, key, (0, b"", {}))
+        status, body, headers = send(port, "/v1/completions", {"auth_data": probe.auth(idx=7001),
+                                                               "payload": {"prompt": "early-probe"}})
+        probe.early = (status, body, headers)
+        worker.wait_for(SDK_READY, timeout=60)
+        reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0)
+        yield probe
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        reports.close()
+
+
+# --------------------------------------------------------------------------- served as before
+
+
+def test_signed_completion_and_chat_are_served(running: Running) -> None:
+    """Upstream-facing behaviour is unchanged: the engine's answer, as it sent it."""
+    status, body, headers = send(running.port, "/v1/completions",
+                                 {"auth_data": running.auth(idx=11), "payload": {"prompt": "hello", "max_tokens": 4}})
+    assert status == 200 and body["choices"][0]["text"] == "echo:hello", body
+    assert headers["content-type"].startswith("application/json")
+    status, body, _ = send(running.port, "/v1/chat/completions", {
+        "auth_data": running.auth(idx=12),
+        "payload": {"messages": [{"role": "user", "content": "chat hi"}], "max_tokens": 4}})
+    assert status == 200 and body["choices"][0]["text"] == "echo:chat hi", body
+
+
+def test_the_startup_line_names_the_guards(running: Running) -> None:
+    out = running.worker.text
+    assert "bakery-worker: guards=own_url,sessions,self_update,limits,not_ready,envelope,pubkey_retry," \
+           "log_hygiene,http_listener max_body=65536B body_timeout=2s header_timeout=2s" in out
+
+
+def test_not_ready_503_before_the_model_is_loaded(running: Running) -> None:
+    """Sent while the engine loaded: 503 + Retry-After, and the engine never saw it; the SDK's
+    benchmark (which calls the engine directly) still ran and the worker became ready."""
+    assert "not loaded" in json_error(running.early, 503)
+    assert running.early[2].get("retry-after") == "10"
+    engine_log = running.engine_log.read_text()
+    assert "early-probe" not in engine_log
+    assert "served /v1/completions" in engine_log  # the benchmark's requests
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_a_signature_for_another_worker_is_refused(running: Running) -> None:
+    """Validly signed, but for another worker's URL: 401 JSON, reported to the autoscaler as rejected."""
+    other = f"http://127.0.0.1:{running.port + 7}"
+    result = send(running.port, "/v1/completions", {"auth_data": running.auth(url=other, idx=9001),
+                                                    "payload": {"prompt": "x"}})
+    json_error(result, 401)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        deleted = [r for path, data in running.reports.reports if path.startswith("/delete_requests")
+                   for r in data.get("requests", [])]
+        if any(r.get("request_idx") == 9001 for r in deleted):
+            break
+        time.sleep(0.2)
+    assert [r["status"] for r in deleted if r.get("request_idx") == 9001] == ["Rejected"]
+    assert "signed for another worker's URL" in running.worker.text
+
+
+@pytest.mark.parametrize("case", ["empty", "flipped", "other key"])
+def test_bad_signatures_are_refused(case: str, running: Running, other_key: SigningKey) -> None:
+    auth = running.auth(key=other_key if case == "other key" else None)
+    if case == "empty":
+        auth["signature"] = ""
+    elif case == "flipped":
+        raw = bytearray(__import__("base64").b64decode(auth["signature"]))
+        raw[10] ^= 0x01
+        auth["signature"] = __import__("base64").b64encode(bytes(raw)).decode()
+    json_error(send(running.port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "x"}}), 401)
+
+
+def test_the_sdk_accepts_a_captured_envelope_with_another_payload(running: Running) -> None:
+    """What the worker cannot fix (docs/security.md): only the URL is signed, so one captured auth_data
+    serves any payload, any number of times. If this starts failing, the SDK signs more: update the
+    threat model."""
+    captured = running.auth(idx=31)
+    for prompt in ("first", "replayed with another payload", "and again"):
+        status, body, _ = send(running.port, "/v1/completions", {"auth_data": captured, "payload": {"prompt": prompt}})
+        assert status == 200 and body["choices"][0]["text"] == f"echo:{prompt}", body
+
+
+# --------------------------------------------------------------------------- envelopes
+
+
+def _signed_with(running: Running, **fields: Any) -> bytes:
+    return json.dumps({"auth_data": {**running.auth(), **fields}, "payload": {"prompt": "x"}}).encode()
+
+
+def test_malformed_envelopes_are_422_json(running: Running) -> None:
+    """Every shape that gives the SDK a 500 with a traceback (docs/sdk.md and more) -> 422 JSON."""
+    bodies = {
+        "auth_data null": b'{"auth_data": null, "payload": {}}',
+        "bare number": b"5",
+        "null": b"null",
+        "true": b"true",
+        "invalid utf-8": b'{"auth_data": {"url": "\xff\xfe"}, "payload": {}}',
+        "reqnum [1] (signed)": _signed_with(running, reqnum=[1]),
+        "request_idx object (signed)": _signed_with(running, request_idx={"a": 1}),
+        "reqnum string (signed)": _signed_with(running, reqnum="5"),
+        "auth_data magic string": b'{"auth_data": "costendpointreqnumrequest_idxsignatureurl", "payload": {}}',
+        "auth_data number": b'{"auth_data": 7, "payload": {}}',
+        "session_id list": json.dumps({"auth_data": running.auth(), "payload": {}, "session_id": [1]}).encode(),
+        "deep nesting": b"[" * 30000 + b"]" * 30000,
+        "not json": b"{not json",
+        "empty": b"",
+    }
+    for name, body in bodies.items():
+        result = request(running.port, "/v1/completions", body)
+        decoded = (result[0], json.loads(result[1]) if result[1].startswith(b"{") else result[1], result[2])
+        try:
+            json_error(decoded, 422)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from None
+    result = request(running.port, "/v1/completions", _signed_with(running),
+                     headers={"Content-Type": "application/json; charset=no-such-charset"})
+    json_error((result[0], json.loads(result[1]), result[2]), 422)
+    out = running.worker.text
+    assert "Traceback" not in out and "Error handling request" not in out
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def test_self_update_is_refused(running: Running) -> None:
+    """vastai lets an empty MASTER_TOKEN in and writes /.force_update: the worker answers 403."""
+    marker = Path("/.force_update")
+    before = marker.stat().st_mtime_ns if marker.exists() else None
+    for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": ""}):
+        json_error(send(running.port, "/pyworker/update", {}, headers=headers), 403)
+    assert (marker.stat().st_mtime_ns if marker.exists() else None) == before
+    assert '"POST /pyworker/update HTTP/1.1" 403' in running.worker.text
+
+
+class Listener:
+    """A loopback HTTP server that records every request it gets (a caller-chosen callback target)."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                outer.hits.append(self.path)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sessions_are_off_by_default(running: Running) -> None:
+    """No /session/* route works, on either listener, and no callback is ever made."""
+    target = Listener()
+    try:
+        create = {"auth_data": {**running.auth(), "cost": 5}, "payload": {
+            "lifetime": 5, "on_close_route": f"http://127.0.0.1:{target.port}/ssrf"}}
+        json_error(send(running.port, "/session/create", create), 404)
+        for path in ("/session/end", "/session/get", "/session/health"):
+            json_error(send(running.port, path, {"session_id": "x", "session_auth": running.auth()}), 404)
+        json_error(send(running.port + 1, "/session/end", {"session_id": "x", "session_auth": running.auth()}), 404)
+        time.sleep(1)
+        assert target.hits == []
+    finally:
+        target.close()
+    assert '"POST /session/create HTTP/1.1" 404' in running.worker.text
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses a TCP listener on `port` is bound to (from /proc/net/tcp{,6})."""
+    found = set()
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                raw = bytes.fromhex(address)
+                if width == 8:
+                    found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                else:
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found
+
+
+def test_what_listens_where(running: Running) -> None:
+    """WORKER_PORT on every interface (the platform maps it); the SDK's second listener on loopback."""
+    everywhere = {"0.0.0.0", "::"}  # noqa: S104 (what the SDK binds, read back)
+    assert _listening(running.port) <= everywhere and "0.0.0.0" in _listening(running.port)  # noqa: S104
+    assert _listening(running.port + 1) == {"127.0.0.1"}
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def test_a_body_over_the_limit_is_413(running: Running) -> None:
+    big = json.dumps({"auth_data": running.auth(), "payload": {"prompt": "x" * 70000}}).encode()
+    json_error((lambda r: (r[0], json.loads(r[1]), r[2]))(request(running.port, "/v1/completions", big)), 413)
+    # without a Content-Length (chunked): aiohttp's own limit, answered as JSON too
+    conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", body=iter([big[:40000], big[40000:]]),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        response = conn.getresponse()
+        json_error((response.status, json.loads(response.read()), {k.lower(): v for k, v in response.getheaders()}),
+                   413)
+    finally:
+        conn.close()
+    fits = {"auth_data": running.auth(idx=41), "payload": {"prompt": "y" * 60000}}
+    assert send(running.port, "/v1/completions", fits)[0] == 200
+
+
+def test_a_slow_body_is_408(running: Running) -> None:
+    with socket.create_connection(("127.0.0.1", running.port), timeout=15) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"auth")
+        started = time.monotonic()
+        answer = sock.recv(4096)
+        elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b'"error"' in answer and 1.5 < elapsed < 10
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"])
+def test_slow_or_incomplete_headers_time_out(sent: bytes, running: Running) -> None:
+    with socket.create_connection(("127.0.0.1", running.port), timeout=15) as sock:
+        sock.sendall(sent)
+        started = time.monotonic()
+        assert sock.recv(4096) == b""  # closed by the worker
+        elapsed = time.monotonic() - started
+    assert 1.0 < elapsed < 10
+
+
+def test_an_engine_that_never_answers_is_504(running: Running) -> None:
+    started = time.monotonic()
+    result = send(running.port, "/v1/completions", {"auth_data": running.auth(idx=51), "payload": {"prompt": "hang"}})
+    assert "did not answer in time" in json_error(result, 504)
+    assert time.monotonic() - started < 15
+
+
+def test_an_engine_that_goes_silent_mid_answer_is_504(running: Running) -> None:
+    result = send(running.port, "/v1/completions", {"auth_data": running.auth(idx=52),
+                                                    "payload": {"prompt": "slowbody 5"}})
+    json_error(result, 504)
+
+
+def test_a_long_stream_that_keeps_sending_is_never_cut(running: Running) -> None:
+    """5 chunks 0.8 s apart: 4 s in all, twice the idle timeout, but never 2 s of silence."""
+    status, body, headers = request(running.port, "/v1/completions", json.dumps(
+        {"auth_data": running.auth(idx=53), "payload": {"prompt": "trickle 5 0.8", "stream": True}}).encode())
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert all(f"part{i}".encode() in body for i in range(5)), body
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def test_query_strings_never_reach_the_log(running: Running) -> None:
+    secret = "api-key-7f3a9c"  # noqa: S105 (a test value)
+    status, _, _ = send(running.port, f"/v1/completions?api_key={secret}",
+                        {"auth_data": running.auth(idx=61), "payload": {"prompt": "q"}})
+    assert status == 200
+    json_error(send(running.port, f"/pyworker/update?token={secret}", {}), 403)
+    time.sleep(0.5)
+    out = running.worker.text
+    assert secret not in out
+    assert '"POST /pyworker/update?<redacted> HTTP/1.1" 403' in out
+
+
+# --------------------------------------------------------------------------- workers of their own
+
+
+def test_a_key_served_late_is_picked_up_without_a_restart(tmp_path: Path, worker_python: Path, key: SigningKey,
+                                                           procs: list[Proc]) -> None:
+    """The control plane's key is unavailable at boot for longer than the SDK's 5 tries: the worker
+    keeps asking (bounded backoff), reports itself loaded only once it has the key, then serves."""
+    reports = ReportServer(key.pem, key_available=False)
+    try:
+        engine_port, log = start_engine(tmp_path, procs)
+        port = free_port_pair()
+        worker = start_worker(tmp_path, secured_env(worker_python, tmp_path, port, engine_port, log, reports.url,
+                                                    BAKERY_PUBKEY_BACKOFF_MAX="1"), procs)
+        worker.wait_for(SDK_READY, timeout=60)
+        deadline = time.monotonic() + 30
+        while reports.pubkey_gets < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert reports.pubkey_gets >= 8  # beyond the SDK's own 5
+        assert not [s for s in reports.statuses() if s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0]
+        assert all(not s.get("error_msg") for s in reports.statuses()), reports.statuses()[-1]
+        auth = {"cost": "8", "endpoint": "t", "reqnum": 1, "request_idx": 1,
+                "signature": key.sign(f"http://127.0.0.1:{port}"), "url": f"http://127.0.0.1:{port}"}
+        early = send(port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "k"}})
+        json_error(early, 503)
+        reports.key_available = True
+        reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=20)
+        status, body, _ = send(port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "k"}})
+        assert status == 200 and body["choices"][0]["text"] == "echo:k", body
+        out = worker.text
+        assert out.count("the public key is not available from") == 1  # once per phase, not per try
+        assert out.count("public key loaded from") == 1
+        assert "Failed to fetch pubkey" not in out and "pubkey fetch failed" not in out
+    finally:
+        reports.close()
+
+
+def test_sessions_when_turned_on(tmp_path: Path, worker_python: Path, key: SigningKey, procs: list[Proc]) -> None:
+    """BAKERY_SESSIONS=true: signed like any request, lifetime capped, the close callback only to
+    REPORT_ADDR's host (here 127.0.0.1: `localhost` is another name, refused)."""
+    reports = ReportServer(key.pem)
+    try:
+        engine_port, log = start_engine(tmp_path, procs)
+        port = free_port_pair()
+        worker = start_worker(tmp_path, secured_env(worker_python, tmp_path, port, engine_port, log, reports.url,
+                                                    BAKERY_SESSIONS="true", BAKERY_SESSION_MAX_LIFETIME="30"), procs)
+        worker.wait_for(SDK_READY, timeout=60)
+        own = f"http://127.0.0.1:{port}"
+        signed = {"cost": 5, "endpoint": "t", "reqnum": 1, "request_idx": 1, "signature": key.sign(own), "url": own}
+        callback = f"{reports.url}/session-closed"
+
+        def create(auth: dict, **payload: Any) -> tuple[int, Any, dict[str, str]]:
+            return send(port, "/session/create", {"auth_data": auth, "payload": payload})
+
+        json_error(create({**signed, "signature": ""}, lifetime=5), 401)
+        json_error(create({**signed, "url": "http://127.0.0.1:1", "signature": key.sign("http://127.0.0.1:1")},
+                          lifetime=5), 401)
+        json_error(create(signed, lifetime=31), 422)
+        json_error(create(signed, lifetime=5, on_close_route=f"http://localhost:{reports.url.rsplit(':', 1)[1]}/x"),
+                   422)
+        json_error(create(signed, lifetime=5, on_close_route="http://169.254.169.254/latest"), 422)
+        json_error(create({**signed, "cost": "5"}, lifetime=5), 422)
+        status, body, _ = create(signed, lifetime=5, on_close_route=callback, on_close_payload={"k": 1})
+        assert status == 201, body
+        session = body["session_id"]
+        json_error(send(port, "/session/end", {"session_id": session, "session_auth": {**signed, "signature": ""}}),
+                   401)
+        status, body, _ = send(port, "/session/end", {"session_id": session, "session_auth": signed})
+        assert status == 200 and body["ended"] is True, body
+        deadline = time.monotonic() + 10
+        while not [p for p, _ in reports.reports if p == "/session-closed"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [d for p, d in reports.reports if p == "/session-closed"] == [{"k": 1, "session_id": session}]
+        assert '"POST /session/create HTTP/1.1" 201' in worker.text  # 2xx session lines are kept
+    finally:
+        reports.close()
+
+
+@pytest.mark.parametrize(("name", "raw"), [("UNSECURED", "ture"), ("UNSECURED", "on"),
+                                           ("BAKERY_MAX_BODY_BYTES", "16MiB"), ("BAKERY_SESSIONS", "maybe")])
+def test_a_bad_variable_stops_the_worker_with_exit_2(name: str, raw: str, tmp_path: Path, worker_python: Path,
+                                                     procs: list[Proc]) -> None:
+    port = free_port_pair()
+    env = worker_env_for("llama", worker_python, tmp_path / "state", port, "http://127.0.0.1:9",
+                         MODEL_LOG=str(tmp_path / "x.log"), **{name: raw})
+    worker = start_worker(tmp_path, env, procs)
+    assert worker.wait_exit(30) == 2
+    lines = [line for line in worker.text.splitlines() if line.startswith("bakery-worker: error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"bakery-worker: error: {name}={raw!r} is "), worker.text
+    assert "Traceback" not in worker.text
+
+
+def test_real_llama_signed_chat(tmp_path: Path, worker_python: Path, llama_python: Path, smollm2: Path,
+                                key: SigningKey, procs: list[Proc]) -> None:
+    """The real llama.cpp behind the guarded worker, secured: a signed chat gets the model's answer."""
+    reports = ReportServer(key.pem)
+    try:
+        engine_port, port = free_port(), free_port_pair()
+        log = tmp_path / "llama.log"
+        start_llama(llama_python, smollm2, engine_port, log, procs)
+        worker = start_worker(tmp_path, secured_env(worker_python, tmp_path, port, engine_port, log, reports.url),
+                              procs)
+        worker.wait_for(SDK_READY, timeout=180)
+        own = f"http://127.0.0.1:{port}"
+        auth = {"cost": "8", "endpoint": "t", "reqnum": 1, "request_idx": 1, "signature": key.sign(own), "url": own}
+        status, body, _ = send(port, "/v1/chat/completions", {"auth_data": auth, "payload": {
+            "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}}, timeout=120)
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"].strip(), body
+        assert os.path.exists(log)
+    finally:
+        reports.close()

@@ -1,0 +1,68 @@
+"""The worker of an engine that has no adapter of its own (no workers/<BACKEND>/worker.py).
+
+Its defaults are the values its image bakes: the program name (BAKERY_ENGINE_PROGRAM), the log file
+and the log grammar (MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS), and the model variable
+(BAKERY_MODEL_VAR) as the model id when MODEL_NAME is unset. start_server.sh runs it only when BACKEND
+names that program, so a misspelt BACKEND still fails loudly. Outside an image the variables are
+missing: it exits 2 with one line naming what to set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from workers.openai.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, parse_lines, run
+
+REQUIRED = ("BAKERY_ENGINE_PROGRAM", "MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
+EXIT_CONFIG = 2
+
+
+class MissingBake(Exception):
+    """The environment lacks what an image would have baked."""
+
+
+def _get(env: Mapping[str, str], name: str) -> str:
+    return (env.get(name) or "").strip()
+
+
+def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
+    """The engine's defaults, from what its image bakes; MissingBake names every missing variable."""
+    missing = [name for name in REQUIRED if not _get(env, name)]
+    if missing:
+        backend = _get(env, "BACKEND") or "?"
+        raise MissingBake(f"BACKEND={backend} has no worker adapter (workers/{backend}/worker.py), so the worker "
+                          f"runs on the values an image bakes; set {', '.join(missing)} (see images/<engine>.yaml)")
+    info = parse_lines(env["MODEL_INFO_LOG_MSGS"]) if _get(env, "MODEL_INFO_LOG_MSGS") else list(DEFAULT_INFO_LINES)
+    return EngineDefaults(
+        engine=_get(env, "BAKERY_ENGINE_PROGRAM"),
+        model_log=_get(env, "MODEL_LOG"),
+        load_lines=tuple(parse_lines(env["MODEL_LOAD_LOG_MSG"])),
+        error_lines=tuple(parse_lines(env["MODEL_ERROR_LOG_MSGS"])),
+        info_lines=tuple(info),
+        health_endpoint=_get(env, "MODEL_HEALTH_ENDPOINT") or DEFAULT_HEALTH_ENDPOINT,
+    )
+
+
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with MODEL_NAME taken from the baked model variable when it is unset."""
+    resolved = dict(env)
+    model_var = _get(env, "BAKERY_MODEL_VAR")
+    if not _get(env, "MODEL_NAME") and model_var and _get(env, model_var):
+        resolved["MODEL_NAME"] = _get(env, model_var)
+    return resolved
+
+
+def main() -> None:
+    """Run the shared core with the baked values as the engine's defaults."""
+    try:
+        defaults = defaults_from_env(os.environ)
+    except MissingBake as exc:
+        print(f"bakery-worker: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    run(defaults, worker_env(os.environ))
+
+
+if __name__ == "__main__":
+    main()
