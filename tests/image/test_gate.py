@@ -143,7 +143,7 @@ def test_engine_load_failure_reported(image: ImageUnderTest, side: SideLaunches)
 
     # What the platform sees: a status whose error_msg carries one of the baked error lines (not the
     # public-key failure, nor a ready report).
-    assert launched.wait_for(reported, 60, 0.5), \
+    assert launched.wait_for(reported, 45, 0.5), \
         f"no report with an error_msg from {errors} reached the control plane: " \
         f"{[r.get('error_msg') for r in launched.reports()]}\n{launched.logs()[-3000:]}"
     assert not any(is_ready_report(r) for r in launched.reports()), "a worker whose engine failed reported ready"

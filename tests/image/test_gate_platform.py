@@ -283,7 +283,8 @@ def test_key_served_late_is_picked_up(side: SideLaunches) -> None:
     assert last.get("status") == 200, \
         f"signed requests still not served after the key was fetched: {last}\nfetches: {fetches()}\n" \
         f"{launched.logs()[-2000:]}"
-    assert launched.wait_for(lambda: any(is_ready_report(r) for r in launched.reports()), 60, 0.5), \
+    # Served means loaded; its report follows within the SDK's 10 s tick.
+    assert launched.wait_for(lambda: any(is_ready_report(r) for r in launched.reports()), 30, 0.5), \
         f"no ready report after the key came: {[r.get('error_msg') for r in launched.reports()][-5:]}"
     launched.container.reload()
     attrs = launched.container.attrs
@@ -304,5 +305,5 @@ def test_unsecured_offline_serves_unsigned(side: SideLaunches) -> None:
         return launched.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000 --timeout 60").rc == 0
 
     # The benchmark file comes a moment before the worker marks itself loaded (health check).
-    assert launched.wait_for(demo_client_served, 60, 2), \
+    assert launched.wait_for(demo_client_served, 30, 2), \
         launched.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000").stderr + launched.logs()[-2000:]
