@@ -1,8 +1,9 @@
 """`bakefile ci --pin-bases` resolves a base's digest through the real Docker engine and registry.
 
-A tiny image is pushed to the throwaway registry on 127.0.0.1 (tests/image/registry.py); the digest
-bakery resolves for its tag must be the manifest digest that registry stored, and the override pins
-the base to exactly that digest and labels the image with it.
+A tiny image is pushed to a real registry on 127.0.0.1 (Debian's docker-registry, started by
+tests/image/real_registry.py); the digest bakery resolves for its tag must be the manifest digest that
+registry holds as skopeo reads it, and the override pins the base to exactly that digest and labels the
+image with it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 from bakery.bakefile import BASE_DIGEST_LABEL, main, registry_digest
-from tests.image.registry import Registry
+from tests.image.real_registry import running_registry, skopeo_raw
 
 
 def tiny_image(client, ref: str) -> None:
@@ -29,14 +30,15 @@ def tiny_image(client, ref: str) -> None:
 
 
 def test_the_resolved_digest_is_the_one_the_registry_holds(docker_client, tmp_path: Path) -> None:
-    with Registry() as registry:
+    with running_registry(tmp_path / "registry") as registry:
         ref = f"{registry.host}/bakery-test/base:1"
         tiny_image(docker_client, ref)
         try:
             for event in docker_client.api.push(ref.rpartition(":")[0], tag="1", stream=True, decode=True):
                 assert "error" not in event, event
-            stored = [p["digest"] for p in registry.pushed if p["name"] == "bakery-test/base"]
-            assert len(stored) == 1
+            held = skopeo_raw(ref)
+            assert held is not None, f"the registry holds nothing at {ref}"
+            stored = [held[1]]
             assert registry_digest(ref) == stored[0]
             # The override pins a bake target FROM that base to it, and labels the image with it.
             context = tmp_path / "contexts" / "demo-amd64"
@@ -55,7 +57,7 @@ def test_the_resolved_digest_is_the_one_the_registry_holds(docker_client, tmp_pa
 
 
 def test_an_unknown_base_is_refused_in_one_line(docker_client, tmp_path: Path, capsys) -> None:
-    with Registry() as registry:
+    with running_registry(tmp_path / "registry") as registry:
         context = tmp_path / "contexts" / "demo-amd64"
         context.mkdir(parents=True)
         (context / "Dockerfile").write_text(f"FROM {registry.host}/bakery-test/missing:1\n")
