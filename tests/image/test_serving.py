@@ -1,9 +1,10 @@
 """Serving checks on the built image (issue 14): a streamed answer in flight at `docker stop` completes,
 a request sent after the signal gets 503, and the stop ends inside Docker's default grace with exit 0.
 
-Uses the launch helpers as they are (an UNSECURED serverless launch); the client talks to the
-container's own address on Docker's bridge, from the host. The long answer: the stand-ins stream
-with a per-token delay (STANDIN_TOKEN_DELAY), the real llama.cpp generates 64 tokens ignoring EOS.
+An offline launch (UNSECURED=true, the README's offline mode: unsigned envelopes are served); the
+client talks to the test container's own address on Docker's bridge, from the host. The long answer:
+the stand-ins stream with a per-token delay (STANDIN_TOKEN_DELAY), the real llama.cpp generates 64
+tokens ignoring EOS.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 
 from tests.image.conftest import Containers, ImageUnderTest
-from tests.image.launch import Launched, serverless_env
+from tests.image.launch import Launched, offline_env
 
 DOCKER_GRACE = 10  # `docker stop`'s default
 READY_TIMEOUT = 300
@@ -44,12 +45,20 @@ def _long_answer(engine: str) -> tuple[dict, dict[str, str]]:
 
 def test_docker_stop_drains_the_request_in_flight(image: ImageUnderTest, containers: Containers) -> None:
     payload, extra = _long_answer(image.engine)
-    launched = containers.launch(image, serverless_env(image.spec, **extra), "drain")
+    launched = containers.launch(image, offline_env(image.spec, **extra), "drain", controlplane=False)
     assert launched.ready(READY_TIMEOUT), f"the worker never became ready:\n{launched.logs()[-3000:]}"
     host = _address(launched)
-    conn = http.client.HTTPConnection(host, 3000, timeout=60)
-    conn.request("POST", ROUTE, body=_envelope(payload, 1), headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
+    # Offline, readiness is the benchmark file, written a moment before the worker marks itself
+    # loaded: until then it answers 503 (bounded retries).
+    for _attempt in range(60):
+        conn = http.client.HTTPConnection(host, 3000, timeout=60)
+        conn.request("POST", ROUTE, body=_envelope(payload, 1), headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 503:
+            break
+        response.read()
+        conn.close()
+        time.sleep(0.5)
     assert response.status == 200, response.read()[:500]
     first = response.readline()
     assert first.startswith(b"data: "), first
