@@ -19,8 +19,9 @@ from pathlib import Path
 from bakery.paths import GATE_DIR, REPO_ROOT
 from bakery.spec import IMAGES_DIR_VAR
 
-# The gate is exactly these checks; the other files of tests/image/ are tests OF the gate.
-GATE_CHECKS = GATE_DIR / "test_gate.py"
+# The gate is exactly these checks (the image and its engine; the worker as the platform sees it,
+# against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
+GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py")
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
 # what needs no engine: the image's configuration and the worker's resolution.
 LEVELS = {
@@ -48,7 +49,7 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
     the engine's spec when it is not the repository's images/ (the gate reads it from $BAKERY_IMAGES_DIR)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "gate.xml"
-        cmd = [sys.executable, "-m", "pytest", str(GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
+        cmd = [sys.executable, "-m", "pytest", *map(str, GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
                "--bakery-image", image_id, "--bakery-engine", engine, "-m", LEVELS[variant],
                f"--junitxml={junit}", "-o", "junit_family=xunit2", "-q" if quiet else "-v", *(extra or [])]
         start = time.monotonic()

@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 import docker.errors
 import pytest
 
+from bakery import engine_facts
 from bakery.render import baked_env
 from bakery.spec import EngineSpec, available_engines, load_engine
-from tests.image.launch import Launched, launch, serverless_env
+from tests.image.launch import Launched, launch, offline_env, serverless_env
 
 # How long a worker may take from container start to ready. The stand-ins and SmolLM2 are ready in
 # seconds; the bound only matters when something is broken (then every check reports, none hangs).
@@ -115,8 +117,11 @@ class Containers:
         self.client = client
         self.started: list[Launched] = []
 
-    def launch(self, image: ImageUnderTest, env: dict[str, str], label: str) -> Launched:
-        launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}")
+    def launch(self, image: ImageUnderTest, env: dict[str, str], label: str, *, controlplane: bool = True,
+               withhold_fetches: int | None = None) -> Launched:
+        """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False)."""
+        launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
+                          withhold_fetches=withhold_fetches)
         self.started.append(launched)
         return launched
 
@@ -135,10 +140,89 @@ def containers(docker_client: docker.DockerClient):
 
 
 @pytest.fixture(scope="session")
-def serverless(image: ImageUnderTest, docker_client: docker.DockerClient):
-    """A serverless launch with nothing baked passed in, shared by one engine's checks and removed
-    before the next engine's. Checks that need the worker ready wait for it (once, remembered);
-    resolution checks on a GPU-engine base never wait for a readiness that can't come."""
+def serverless(image: ImageUnderTest, docker_client: docker.DockerClient, side: SideLaunches):
+    """A serverless launch as the platform makes it (security on, the control-plane stand-in inside),
+    with nothing baked passed in, shared by one engine's checks and removed before the next engine's.
+    Checks that need the worker ready wait for its ready report (once, remembered);
+    resolution checks on a GPU-engine base never wait for a readiness that can't come. The side
+    launches of the selected checks start right after it, so their waits overlap the shared checks."""
     registry = Containers(docker_client)
-    yield registry.launch(image, serverless_env(image.spec), "serverless")
+    launched = registry.launch(image, serverless_env(image.spec), "serverless")
+    side.start_all()
+    yield launched
+    registry.remove_all()
+
+
+# Launches that mostly wait (an engine that fails and the grace after it, a key withheld past the
+# SDK's retries, an offline worker getting ready) start together when the first check needing one
+# runs, so their waits overlap instead of adding up. Only the launches of selected checks start.
+SIDE_USERS = {
+    "loadfail": {"test_engine_load_failure_reported"},
+    "latekey": {"test_requests_get_503_until_ready", "test_key_served_late_is_picked_up"},
+    "unsecured": {"test_unsecured_offline_serves_unsigned"},
+}
+
+
+SDK_PUBKEY_TRIES = 5  # vastai 1.9.1 MAX_PUBKEY_FETCH_ATTEMPTS
+EARLY_PROBE_TIMEOUT = 30.0
+
+
+def probe_before_ready(launched: Launched) -> dict[str, Any]:
+    """One signed request as soon as the worker has reported (so it is reachable and its URL is
+    known), long before it can be ready: its key is withheld."""
+    if not launched.wait_for(lambda: bool(launched.reports()), EARLY_PROBE_TIMEOUT, 0.3):
+        return {"status": None, "error": f"no /worker_status/ report within {EARLY_PROBE_TIMEOUT:.0f} s"}
+    if not launched.wait_for(lambda: launched.host.socket("tcp://0.0.0.0:3000").is_listening, 30, 0.3):
+        return {"status": None, "error": "nothing listens on :3000"}
+    result = launched.probe([{"name": "before ready", "request_idx": 801}])["before ready"]
+    result["key_fetches_before"] = [r.get("status") for r in launched.records("/pubkey/")]
+    return result
+
+
+def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment and launch options of one side launch."""
+    if name == "loadfail":
+        # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
+        # GGUF for the real llama.cpp). The grace outlasts the SDK's 10 s report tick, so the errored
+        # status is sent before the container stops.
+        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
+    if name == "latekey":
+        # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
+        # exactly those, so only a worker that keeps asking ever gets it.
+        return serverless_env(spec), {"withhold_fetches": SDK_PUBKEY_TRIES}
+    if name == "unsecured":
+        return offline_env(spec), {"controlplane": False}
+    raise KeyError(name)
+
+
+class SideLaunches:
+    """The side launches of one engine, all started at the first request for any of them."""
+
+    def __init__(self, registry: Containers, image: ImageUnderTest, wanted: set[str]) -> None:
+        self.registry, self.image, self.wanted = registry, image, wanted
+        self.started: dict[str, Launched] = {}
+        self.early_probe: dict[str, Any] = {}  # the latekey launch's request before ready
+
+    def start_all(self, also: str | None = None) -> None:
+        """Start every wanted side launch (and `also`) not started yet."""
+        for name in sorted(self.wanted | ({also} if also else set())):
+            if name not in self.started:
+                env, options = side_launch(self.image.spec, name)
+                self.started[name] = self.registry.launch(self.image, env, name, **options)
+        if "latekey" in self.started and not self.early_probe:
+            self.early_probe = probe_before_ready(self.started["latekey"])
+
+    def get(self, name: str) -> Launched:
+        """The side launch `name` (started now with every other wanted one, if not yet)."""
+        self.start_all(also=name)
+        return self.started[name]
+
+
+@pytest.fixture(scope="session")
+def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pytest.FixtureRequest):
+    """This engine's side launches (see SIDE_USERS), removed before the next engine's."""
+    selected = {getattr(item, "originalname", item.name) for item in request.session.items}
+    wanted = {name for name, users in SIDE_USERS.items() if users & selected}
+    registry = Containers(docker_client)
+    yield SideLaunches(registry, image, wanted)
     registry.remove_all()

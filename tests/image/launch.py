@@ -1,11 +1,24 @@
-"""Start containers the way a launch template does, and wait on them without fixed sleeps."""
+"""Start containers the way the platform launches them, and wait on them without fixed sleeps.
+
+A serverless launch runs with the worker's security on (no UNSECURED) against the project's
+control-plane stand-in (tests/controlplane), started INSIDE the container under test on
+127.0.0.1:18200 right after the container starts: REPORT_ADDR points there, so the worker fetches a
+real public key, its status and request reports are recorded, and signed requests reach :3000 from
+inside the container. No traffic leaves the container. The stand-in runs on the worker venv's
+Python, so it needs nothing from the engine (production bases included).
+"""
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -13,16 +26,24 @@ import testinfra
 
 from bakery.spec import EngineSpec
 
-# What the platform sets at a real serverless launch (REFERENCE.md §1), offline-safe values.
-# UNSECURED and USE_SSL are the offline switches: without UNSECURED every request gets 401 because
-# the autoscaler's public key never loads here.
+CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
+# Where the stand-in lives inside the container under test (put there before the container starts).
+CONTROLPLANE_ROOT = "/tmp/bakery-gate"
+CONTROLPLANE_STATE = f"{CONTROLPLANE_ROOT}/state"
+CONTROLPLANE_RECORDS = f"{CONTROLPLANE_STATE}/records.jsonl"
+CONTROLPLANE_PORT = 18200
+CONTROLPLANE_ADDR = f"http://127.0.0.1:{CONTROLPLANE_PORT}"
+# Nobody answers here: the offline (UNSECURED=true) launch of the README.
+OFFLINE_ADDR = "http://127.0.0.1:9"
+# What the platform sets at a real serverless launch (docs/sdk.md "Environment read at start"):
+# security on (no UNSECURED), REPORT_ADDR at the control plane (the in-container stand-in), plain
+# HTTP on the worker port.
 PLATFORM_ENV = {
     "CONTAINER_ID": "1",
-    "REPORT_ADDR": "http://127.0.0.1:9",
+    "REPORT_ADDR": CONTROLPLANE_ADDR,
     "PUBLIC_IPADDR": "127.0.0.1",
     "WORKER_PORT": "3000",
     "VAST_TCP_PORT_3000": "3000",
-    "UNSECURED": "true",
     "USE_SSL": "false",
 }
 # Test sizing, not configuration: a one-request benchmark so a CPU model is ready in seconds.
@@ -46,12 +67,40 @@ def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     return env
 
 
+def offline_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
+    """The offline launch the README documents: UNSECURED=true and a REPORT_ADDR nobody answers."""
+    return serverless_env(spec, UNSECURED="true", REPORT_ADDR=OFFLINE_ADDR, **overrides)
+
+
+def is_ready_report(body: Any) -> bool:
+    """What the platform reads as a loaded worker: a status with loadtime > 0, max_perf > 0, no error."""
+    return (isinstance(body, dict) and _number(body.get("loadtime")) > 0 and _number(body.get("max_perf")) > 0
+            and not body.get("error_msg"))
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _controlplane_archive() -> bytes:
+    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(CONTROLPLANE_SOURCE.glob("*.py")):
+            data = path.read_bytes()
+            info = tarfile.TarInfo(f"bakery-gate/controlplane/{path.name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 @dataclass
 class Launched:
     """A running container and a testinfra host on it."""
 
     container: docker.models.containers.Container
     host: testinfra.host.Host
+    controlplane: bool = True
     started: float = field(default_factory=time.monotonic)
     _ready: bool | None = None
 
@@ -89,11 +138,77 @@ class Launched:
         return False
 
     def ready(self, timeout: float) -> bool:
-        """Whether the worker became ready (benchmark written); waited for once, then remembered,
-        so checks sharing a container that never gets ready do not each wait the full timeout."""
+        """Whether the worker became ready as the platform sees it: a /worker_status/ report with
+        loadtime > 0 and max_perf > 0 reached the control plane (offline launches, which have no
+        control plane, fall back to the benchmark file). Waited for once, then remembered, so checks
+        sharing a container that never gets ready do not each wait the full timeout."""
         if self._ready is None:
-            self._ready = self.wait_for(lambda: self.host.file(BENCHMARK_FILE).exists, timeout)
+            if self.controlplane:
+                self._ready = self.wait_for(lambda: any(is_ready_report(r) for r in self.reports()), timeout, 0.5)
+            else:
+                self._ready = self.wait_for(lambda: self.host.file(BENCHMARK_FILE).exists, timeout)
         return self._ready
+
+    # ---- the control-plane stand-in inside the container --------------------------------------
+
+    def start_controlplane(self, withhold_fetches: int | None = None) -> None:
+        """Start the stand-in (again after a container restart) and wait until it listens; with
+        `withhold_fetches`, /pubkey/ answers 503 to that many fetches before serving the key."""
+        address = f"{CONTROLPLANE_STATE}/address"
+        self.container.exec_run(["/bin/sh", "-c", f"rm -f {address}"])
+        serve = [WORKER_PYTHON, "-m", "controlplane", "--state", CONTROLPLANE_STATE, "serve",
+                 "--port", str(CONTROLPLANE_PORT)]
+        if withhold_fetches:
+            serve += ["--withhold-for", str(withhold_fetches)]
+        command = " ".join(serve) + f" >>{CONTROLPLANE_ROOT}/serve.log 2>&1"
+        self.container.exec_run(["/bin/sh", "-c", command], detach=True,
+                                environment={"PYTHONPATH": CONTROLPLANE_ROOT}, workdir="/")
+        if not self.wait_for(lambda: self.host.file(address).exists, 60, 0.2) and self.running():
+            raise RuntimeError("the control-plane stand-in did not start:\n"
+                               + self.file_text(f"{CONTROLPLANE_ROOT}/serve.log")[-2000:])
+
+    def controlplane_cli(self, *args: str) -> str:
+        """Run `python -m controlplane ARGS` inside the container; its stdout (fails on exit != 0).
+        Bounded by the probe's own per-request timeouts."""
+        command = [WORKER_PYTHON, "-m", "controlplane", "--state", CONTROLPLANE_STATE, *args]
+        result = self.container.exec_run(command, environment={"PYTHONPATH": CONTROLPLANE_ROOT}, demux=True)
+        out, err = (part.decode("utf-8", "replace") if part else "" for part in result.output)
+        if result.exit_code != 0:
+            raise RuntimeError(f"controlplane {args[0]} exited {result.exit_code}: {err.strip()[-2000:]}")
+        return out
+
+    def probe(self, cases: list[dict[str, Any]], timeout: float = 120) -> dict[str, dict[str, Any]]:
+        """Send probe cases (tests/controlplane/probe.py) to :3000 from inside; results by case name."""
+        out = self.controlplane_cli("probe", json.dumps(cases), "--timeout", str(timeout))
+        return {result["name"]: result for result in json.loads(out)}
+
+    def records(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Every request the stand-in recorded (optionally one path), read with the Docker API so it
+        works after the container exited too."""
+        try:
+            chunks, _ = self.container.get_archive(CONTROLPLANE_RECORDS)
+        except docker.errors.NotFound:
+            return []
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            handle = tar.extractfile(member) if member else None
+            text = handle.read().decode("utf-8", "replace") if handle else ""
+        entries = []
+        for line in text.splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue  # a line still being written
+        return [e for e in entries if path is None or e.get("path") == path]
+
+    def reports(self) -> list[dict[str, Any]]:
+        """The bodies of the worker's /worker_status/ reports, oldest first."""
+        return [e["body"] for e in self.records("/worker_status/") if isinstance(e.get("body"), dict)]
+
+    def deleted_requests(self) -> list[dict[str, Any]]:
+        """Every request outcome the worker sent to /delete_requests/, oldest first."""
+        return [item for e in self.records("/delete_requests/") if isinstance(e.get("body"), dict)
+                for item in e["body"].get("requests") or [] if isinstance(item, dict)]
 
     def file_text(self, path: str) -> str:
         """A file's content inside the container ('' when absent)."""
@@ -101,10 +216,20 @@ class Launched:
         return f.content_string if f.exists else ""
 
 
-def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], label: str) -> Launched:
-    """Start `image_id` detached with `env`; the caller removes it (see conftest's registry)."""
-    container = client.containers.run(
+def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], label: str, *,
+           controlplane: bool = True, withhold_fetches: int | None = None) -> Launched:
+    """Start `image_id` detached with `env`, with the control-plane stand-in inside it (unless
+    `controlplane` is False; `withhold_fetches` N: /pubkey/ answers 503 to the first N fetches);
+    the caller removes the container (see conftest's registry)."""
+    container = client.containers.create(
         image_id, detach=True, environment=env, name=f"bakery-gate-{label}-{uuid.uuid4().hex[:8]}",
         labels={"ai.bakery.test": "1"},
     )
-    return Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"))
+    if controlplane:
+        container.put_archive("/tmp", _controlplane_archive())
+    container.start()
+    launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
+                        controlplane=controlplane)
+    if controlplane:
+        launched.start_controlplane(withhold_fetches=withhold_fetches)
+    return launched

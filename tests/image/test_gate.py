@@ -11,8 +11,8 @@ import re
 import pytest
 
 from bakery.secrets import secret_reason
-from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest
-from tests.image.launch import BENCHMARK_FILE, CLIENT, WORKER_PYTHON, Launched, serverless_env
+from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest, SideLaunches
+from tests.image.launch import BENCHMARK_FILE, WORKER_PYTHON, Launched, is_ready_report, serverless_env
 
 REQUIRED_LABELS = (
     "org.opencontainers.image.title", "org.opencontainers.image.source", "org.opencontainers.image.revision",
@@ -99,16 +99,17 @@ def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> 
 
 
 @pytest.mark.serve
-def test_worker_ready_benchmark_written(serverless: Launched) -> None:
+def test_worker_reports_ready(serverless: Launched) -> None:
+    # Ready is what the platform routes on: a /worker_status/ report with loadtime > 0 and
+    # max_perf > 0 (docs/sdk.md "The signed path"), not a file inside the container.
     assert serverless.ready(READY_TIMEOUT), \
-        f"the worker never became ready ({BENCHMARK_FILE} absent):\n{serverless.logs()[-3000:]}"
-
-
-@pytest.mark.serve
-def test_completion_and_chat_through_worker(serverless: Launched) -> None:
-    assert serverless.ready(READY_TIMEOUT), "the worker never became ready"
-    result = serverless.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000")
-    assert result.rc == 0, f"client failed (rc {result.rc}):\n{result.stdout}\n{result.stderr}"
+        f"no ready report (loadtime > 0, max_perf > 0, no error) reached the control plane:\n" \
+        f"{serverless.reports()[-3:]}\n{serverless.logs()[-3000:]}"
+    report = next(r for r in serverless.reports() if is_ready_report(r))
+    benchmark = serverless.file_text(BENCHMARK_FILE).strip()
+    assert benchmark, f"ready reported but no benchmark result in {BENCHMARK_FILE}"
+    assert float(report["max_perf"]) == pytest.approx(float(benchmark)), \
+        f"max_perf {report['max_perf']} is not the benchmark's result {benchmark}"
 
 
 @pytest.mark.serve
@@ -124,7 +125,7 @@ def test_launch_template_override_wins(image: ImageUnderTest, containers: Contai
 
 @pytest.mark.resolution
 def test_empty_backend_fails_loudly(image: ImageUnderTest, containers: Containers) -> None:
-    launched = containers.launch(image, serverless_env(image.spec, BACKEND=""), "nobackend")
+    launched = containers.launch(image, serverless_env(image.spec, BACKEND=""), "nobackend", controlplane=False)
     assert launched.wait_for(lambda: not launched.running(), 60), "the container kept running with BACKEND=''"
     assert launched.exit_code() != 0
     assert "BACKEND" in launched.logs() and "vllm" in launched.logs(), \
@@ -132,21 +133,22 @@ def test_empty_backend_fails_loudly(image: ImageUnderTest, containers: Container
 
 
 @pytest.mark.serve
-def test_engine_load_failure_reported(image: ImageUnderTest, containers: Containers) -> None:
-    # A model that cannot load: the stand-ins' switch, or a missing GGUF for the real llama.cpp.
-    env = serverless_env(image.spec, STANDIN_FAIL_LOAD="1", BAKERY_EXIT_GRACE="3")
-    if image.spec.name == "llama":
-        env[image.spec.engine.model_var] = "/models/missing.gguf"
-    launched = containers.launch(image, env, "loadfail")
-    assert launched.wait_for(lambda: not launched.running(), 90), "the container kept running after the engine died"
-    logs = launched.logs()
-    assert launched.exit_code() != 0, "the container exited 0 after the engine failed"
-    # The SDK logs the error line it matched (then reports it as its status's error_msg); it must be
-    # one of the baked error lines, not the unrelated offline public-key failure.
+def test_engine_load_failure_reported(image: ImageUnderTest, side: SideLaunches) -> None:
+    # A model that cannot load (conftest.side_launch: the stand-ins' switch, a missing GGUF for llama.cpp).
+    launched = side.get("loadfail")
     errors = json.loads(image.expected_env["MODEL_ERROR_LOG_MSGS"])
-    matched = re.findall(r"Got log line indicating error: (.*)", logs)
-    reported = any(err in line for line in matched for err in errors)
-    assert reported, f"the worker did not report itself errored:\n{logs[-3000:]}"
+
+    def reported() -> bool:
+        return any(err in str(r.get("error_msg") or "") for r in launched.reports() for err in errors)
+
+    # What the platform sees: a status whose error_msg carries one of the baked error lines (not the
+    # public-key failure, nor a ready report).
+    assert launched.wait_for(reported, 45, 0.5), \
+        f"no report with an error_msg from {errors} reached the control plane: " \
+        f"{[r.get('error_msg') for r in launched.reports()]}\n{launched.logs()[-3000:]}"
+    assert not any(is_ready_report(r) for r in launched.reports()), "a worker whose engine failed reported ready"
+    assert launched.wait_for(lambda: not launched.running(), 60), "the container kept running after the engine died"
+    assert launched.exit_code() != 0, "the container exited 0 after the engine failed"
 
 
 @pytest.mark.resolution
@@ -162,7 +164,7 @@ def test_second_entry_point_is_refused(serverless: Launched) -> None:
 def test_engine_runs_alone_without_serverless(image: ImageUnderTest, containers: Containers) -> None:
     env = serverless_env(image.spec)
     env.pop("SERVERLESS")
-    launched = containers.launch(image, env, "ondemand")
+    launched = containers.launch(image, env, "ondemand", controlplane=False)
     assert launched.wait_for(lambda: launched.host.socket("tcp://127.0.0.1:18000").is_listening, 60), \
         f"the engine did not start without SERVERLESS:\n{launched.logs()[-2000:]}"
     assert not launched.host.socket("tcp://0.0.0.0:3000").is_listening, "a worker started without SERVERLESS=true"
@@ -181,6 +183,7 @@ def test_sigterm_stops_both_and_reboot_rotates_model_log(image: ImageUnderTest, 
     assert "stopped: worker" in logs and f"stopped: {image.spec.name}" in logs, logs[-2000:]
     # Second boot: the first boot's load line must not be in the log the worker reads.
     launched.container.start()
+    launched.start_controlplane()  # exec'd processes do not survive a restart
     launched._ready = None
     log = image.expected_env["MODEL_LOG"]
     load_lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])

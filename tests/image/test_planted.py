@@ -1,4 +1,5 @@
-"""The gate can fail: defects planted in a rendered Dockerfile are each caught, by a named check.
+"""The gate can fail: defects planted in a rendered Dockerfile, and worker guards taken out of an
+image, are each caught, by a named check.
 
 Built on the vLLM stand-in base (the fastest engine to boot); every build reuses the cached worker
 layers, so each defect costs one cheap rebuild plus one gate run.
@@ -6,20 +7,25 @@ layers, so each defect costs one cheap rebuild plus one gate run.
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 import pytest
 
 from bakery import bases
 from bakery.builder import build_args, build_context, context_dir
 from bakery.render import RenderOptions, render, write_context
-from bakery.spec import load_engine
+from bakery.spec import REPO_ROOT, load_engine
 from bakery.verify import run_gate
 from bakery.wheelhouse import wheelhouse
+from tests.image.conftest import SUITE_TAG
 
 pytestmark = pytest.mark.planted
 
 ENGINE = "vllm"
+# One context directory per checkout (BAKERY_SUITE_TAG), so two checkouts' planted runs never share one.
+PLANTED_CONTEXT = f"planted-{ENGINE}-{SUITE_TAG}"
 
 
 def _drop_env(name: str):
@@ -45,7 +51,7 @@ DEFECTS = {
     "missing worker": (lambda d: d.replace("COPY worker/ /opt/bakery/worker/\n", ""),
                        {"test_backend_resolves_to_worker", "test_worker_listens_on_3000"}),
     "engine not on 18000": (lambda d: d.replace('"--port","18000"', '"--port","18001"'),
-                            {"test_engine_listens_on_18000", "test_worker_ready_benchmark_written"}),
+                            {"test_engine_listens_on_18000", "test_worker_reports_ready"}),
 }
 
 
@@ -61,7 +67,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     plant, catchers = DEFECTS[defect]
     planted = plant(pristine.dockerfile)
     assert planted != pristine.dockerfile, f"the defect {defect!r} was not planted"
-    context = write_context(pristine, context_dir(f"planted-{ENGINE}"), wheelhouse())
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     (context / "Dockerfile").write_text(planted)
     image_id = build_context(context, lambda _m: None, build_args()).image_id
     # A broken worker never gets ready: a short bound keeps each defect's gate run quick.
@@ -77,7 +83,72 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
 
 def test_pristine_image_passes_the_same_gate(pristine) -> None:
     # The control: without a defect the very same path passes, so the failures above are the defects'.
-    context = write_context(pristine, context_dir(f"planted-{ENGINE}"), wheelhouse())
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     image_id = build_context(context, lambda _m: None, build_args()).image_id
     gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
+
+
+# ---- worker guards taken out -----------------------------------------------------------------------
+# worker/workers/openai/guards.py names its guards in a module-level tuple ACTIVE; removing a name
+# disables exactly that guard. Each guard taken out of the image must fail these platform checks.
+GUARDS_FILE = Path("worker") / "workers" / "openai" / "guards.py"
+GUARD_CATCHERS = {
+    "own_url": {"test_bad_signatures_refused_401", "test_request_outcomes_reported"},
+    "sessions": {"test_unsigned_sessions_refused"},
+    "self_update": {"test_self_update_refused"},
+    "limits": {"test_oversized_body_refused_413"},
+    "not_ready": {"test_requests_get_503_until_ready"},
+    "envelope": {"test_malformed_envelopes_refused_422"},
+    "pubkey_retry": {"test_key_served_late_is_picked_up"},
+    "log_hygiene": {"test_query_strings_not_logged"},
+    "http_listener": {"test_only_worker_port_listens_outside"},
+}
+
+
+def active_guards(source: str) -> tuple[tuple[str, ...], ast.expr]:
+    """The names in guards.py's module-level `ACTIVE = (...)`, and the tuple's node."""
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List))
+                and any(isinstance(t, ast.Name) and t.id == "ACTIVE" for t in node.targets)):
+            return tuple(ast.literal_eval(node.value)), node.value
+    raise AssertionError(f"{GUARDS_FILE} has no module-level ACTIVE tuple of guard names")
+
+
+def without_guard(source: str, name: str) -> str:
+    """guards.py's source with `name` taken out of ACTIVE (everything else byte for byte)."""
+    names, node = active_guards(source)
+    assert name in names, f"{name!r} is not in ACTIVE {names}"
+    data = source.encode()  # the node's offsets count UTF-8 bytes
+    lines = data.splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:node.lineno - 1]) + node.col_offset
+    end = sum(len(line) for line in lines[:node.end_lineno - 1]) + (node.end_col_offset or 0)
+    return (data[:start] + repr(tuple(n for n in names if n != name)).encode() + data[end:]).decode()
+
+
+def test_every_guard_has_a_catcher() -> None:
+    # A new guard needs a named check that fails without it (and one taken out needs its entry gone).
+    names, _ = active_guards((REPO_ROOT / GUARDS_FILE).read_text())
+    assert set(names) == set(GUARD_CATCHERS), \
+        f"ACTIVE {sorted(names)} differs from the planted expectations {sorted(GUARD_CATCHERS)}"
+
+
+@pytest.mark.parametrize("guard", sorted(GUARD_CATCHERS))
+def test_missing_guard_is_caught(guard: str, pristine, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
+    path = context / GUARDS_FILE
+    planted = without_guard(path.read_text(), guard)
+    path.write_text(planted)
+    assert guard not in active_guards(planted)[0]
+    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "60"))
+    try:
+        # Only the guard's own checks run: everything else in the image is the pristine one's.
+        gate = run_gate(image_id, ENGINE, variant="local", quiet=True,
+                        extra=["-k", " or ".join(sorted(GUARD_CATCHERS[guard]))])
+    finally:
+        docker_client.images.remove(image_id, force=True)
+    assert gate.ran, f"no platform check ran without {guard!r}:\n{gate.output[-3000:]}"
+    failed = {name.split("[")[0] for name in gate.failed}
+    catchers = GUARD_CATCHERS[guard]
+    assert catchers <= failed, f"without {guard!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"

@@ -1,0 +1,309 @@
+"""The gate, as the platform sees the worker: port 3000 serves only what the control plane signed.
+
+Each image is launched as the platform launches it (no UNSECURED; REPORT_ADDR at the control-plane
+stand-in of tests/controlplane, running inside the container on 127.0.0.1), and probed from inside
+the container: signed requests, forged and malformed ones, and what reaches the control plane.
+Each test is one named check; build.py reports the names of the ones that fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, SideLaunches
+from tests.image.launch import (
+    CLIENT,
+    CONTROLPLANE_ADDR,
+    WORKER_PYTHON,
+    Launched,
+    is_ready_report,
+)
+
+COMPLETION = {"prompt": "The three primary colours are", "max_tokens": 8, "temperature": 0}
+CHAT = {"messages": [{"role": "user", "content": "Say hello in one line."}], "max_tokens": 8, "temperature": 0}
+# A URL the platform would sign for some other worker (TEST-NET-3: a string here, never contacted).
+FOREIGN_URL = "http://203.0.113.7:41234"
+BODY_LIMIT = 16 * 1024 * 1024  # the worker's default request-body limit
+SESSION_CALLBACK = f"{CONTROLPLANE_ADDR}/session-callback/"  # the stand-in records any call made here
+REPORT_WAIT = 30  # the SDK sends request outcomes every 1 s, retrying 3 times 2 s apart
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def answer_text(result: dict[str, Any]) -> str:
+    """The generated text of a completion or chat answer probed through the worker ('' if none)."""
+    body = result.get("json")
+    if not isinstance(body, dict):
+        return ""
+    choice = (body.get("choices") or [{}])[0]
+    return str(choice.get("text") or (choice.get("message") or {}).get("content") or "")
+
+
+def _ready(launched: Launched) -> None:
+    assert launched.ready(READY_TIMEOUT), \
+        f"the worker never reported ready:\n{launched.reports()[-3:]}\n{launched.logs()[-2000:]}"
+
+
+def _summary(results: dict[str, dict[str, Any]]) -> str:
+    return "\n".join(f"  {name}: {r.get('status')} {r.get('error') or ''} {str(r.get('body'))[:200]!r}"
+                     for name, r in results.items())
+
+
+# ---- the key and the reports (no engine needed) -------------------------------------------------
+
+
+@pytest.mark.resolution
+def test_worker_fetched_public_key(serverless: Launched) -> None:
+    # The SDK's one GET /pubkey/ at start; without the key every signed request is refused.
+    def fetched() -> bool:
+        return any(r.get("status") == 200 for r in serverless.records("/pubkey/"))
+
+    assert serverless.wait_for(fetched, 60, 0.5), \
+        f"the worker never fetched the key from the control plane: {serverless.records('/pubkey/')}\n" \
+        f"{serverless.logs()[-2000:]}"
+    failed = [r.get("error_msg") for r in serverless.reports() if "key" in str(r.get("error_msg") or "").lower()]
+    assert not failed, f"the worker reported a key failure although the key was served: {failed}"
+
+
+@pytest.mark.resolution
+def test_only_worker_port_listens_outside(serverless: Launched) -> None:
+    # Nothing but :3000 is reachable from outside the container: the engine, the SDK's second
+    # listener (WORKER_HTTP_PORT, 3001) and the stand-in listen on loopback only.
+    def listeners() -> list[tuple[str, int]]:
+        out = []
+        for sock in serverless.host.socket.get_listening_sockets():
+            if sock.startswith("tcp"):
+                address, _, port = sock.split("://", 1)[1].rpartition(":")
+                out.append((address.strip("[]"), int(port)))
+        return out
+
+    assert serverless.wait_for(lambda: {3000, 3001} <= {port for _, port in listeners()}, 60, 0.5), \
+        f"the worker's listeners (3000, 3001) never appeared: {listeners()}\n{serverless.logs()[-2000:]}"
+    outside = sorted({(a, p) for a, p in listeners() if not (a.startswith("127.") or a == "::1") and p != 3000})
+    assert not outside, f"listening on a non-loopback address besides :3000: {outside}"
+
+
+# ---- the signed path (local bases: the engine answers) ------------------------------------------
+
+
+@pytest.mark.serve
+def test_signed_completion_and_chat_through_worker(serverless: Launched) -> None:
+    _ready(serverless)
+    results = serverless.probe([
+        {"name": "completion", "route": "/v1/completions", "payload": COMPLETION, "request_idx": 101},
+        {"name": "chat", "route": "/v1/chat/completions", "payload": CHAT, "request_idx": 102},
+    ])
+    for name, result in results.items():
+        assert result["status"] == 200, f"signed {name} was not served:\n{_summary(results)}"
+        assert answer_text(result).strip(), f"signed {name}: no generated text in {result['body'][:500]!r}"
+    assert results["completion"]["json"].get("object") == "text_completion", results["completion"]["body"][:300]
+    assert results["chat"]["json"].get("object") == "chat.completion", results["chat"]["body"][:300]
+
+
+@pytest.mark.serve
+def test_bad_signatures_refused_401(serverless: Launched) -> None:
+    _ready(serverless)
+    results = serverless.probe([
+        {"name": "control: valid", "payload": COMPLETION, "request_idx": 201},
+        {"name": "empty signature", "signature": "empty", "request_idx": 202},
+        {"name": "another key", "signature": "other-key", "request_idx": 203},
+        {"name": "flipped bit", "signature": "flipped", "request_idx": 204},
+        {"name": "another worker's URL", "sign_url": FOREIGN_URL, "request_idx": 205},
+        {"name": "chat, another key", "route": "/v1/chat/completions", "payload": CHAT, "signature": "other-key",
+         "request_idx": 206},
+    ])
+    assert results.pop("control: valid")["status"] == 200, "the valid control request was not served"
+    wrong = {name: r for name, r in results.items() if r["status"] != 401}
+    assert not wrong, f"forged signatures not refused with 401:\n{_summary(wrong)}"
+
+
+@pytest.mark.serve
+def test_malformed_envelopes_refused_422(serverless: Launched) -> None:
+    _ready(serverless)
+    # The shapes the SDK turns into a 500 with a traceback (docs/sdk.md "The signed path"), plus
+    # their kin. The reqnum cases are signed: the SDK reaches reqnum only after a valid signature.
+    results = serverless.probe([
+        {"name": "auth_data null", "envelope": {"auth_data": None}},
+        {"name": "bare number body", "raw_b64": _b64(b"5")},
+        {"name": "JSON null body", "raw_b64": _b64(b"null")},
+        {"name": "invalid UTF-8", "raw_b64": _b64(b'{"auth_data": "\xff\xfe", "payload": {}}')},
+        {"name": "reqnum [1] (signed)", "auth": {"reqnum": [1]}},
+        {"name": "reqnum string (signed)", "auth": {"reqnum": "7"}},
+        {"name": "payload null (signed)", "envelope": {"payload": None}},
+    ])
+    wrong = {name: r for name, r in results.items() if r["status"] != 422 or not isinstance(r["json"], dict)}
+    assert not wrong, f"malformed envelopes not answered 422 with a JSON error:\n{_summary(wrong)}"
+
+
+@pytest.mark.serve
+def test_request_outcomes_reported(serverless: Launched) -> None:
+    # Each request the worker served or refused reaches /delete_requests/ with its outcome, so the
+    # autoscaler stops counting it. A body whose auth_data cannot be read names no request: nothing
+    # may be reported for it as served.
+    _ready(serverless)
+    served = {301: "/v1/completions", 302: "/v1/chat/completions"}
+    refused = {303: "empty", 304: "other-key", 305: "flipped", 307: "foreign"}
+    cases = [{"name": f"served {idx}", "route": route, "payload": COMPLETION if "chat" not in route else CHAT,
+              "request_idx": idx} for idx, route in served.items()]
+    cases += [{"name": f"refused {idx}", "request_idx": idx,
+               **({"sign_url": FOREIGN_URL} if mode == "foreign" else {"signature": mode})}
+              for idx, mode in refused.items()]
+    cases.append({"name": "unreadable 306", "envelope": {"auth_data": {"request_idx": 306}}})
+    results = serverless.probe(cases)
+    wrong = {n: r for n, r in results.items() if r["status"] != {"served": 200, "refused": 401}.get(n.split()[0], 422)}
+    assert not wrong, f"requests not answered as expected (served 200, refused 401, unreadable 422):\n{_summary(wrong)}"
+
+    def outcomes() -> dict[int, dict[str, Any]]:
+        return {r["request_idx"]: r for r in serverless.deleted_requests() if isinstance(r.get("request_idx"), int)}
+
+    wanted = set(served) | set(refused)
+    serverless.wait_for(lambda: wanted <= set(outcomes()), REPORT_WAIT, 0.5)
+    seen = outcomes()
+    missing = sorted(wanted - set(seen))
+    assert not missing, f"outcomes never reached /delete_requests/ for request_idx {missing}; got {sorted(seen)}"
+    wrong = {i: seen[i] for i in served if seen[i].get("success") is not True}
+    wrong |= {i: seen[i] for i in refused if seen[i].get("success") is not False}
+    assert not wrong, f"outcomes reported wrongly (served must be success, refused not): {wrong}"
+    assert seen.get(306, {}).get("success") is not True, f"an unreadable envelope was reported as served: {seen[306]}"
+
+
+@pytest.mark.serve
+def test_unsigned_sessions_refused(serverless: Launched) -> None:
+    # /session/* checks no signature in the SDK, and a session's close callback makes the worker
+    # POST to any URL the caller names (here: the stand-in, which records it). Refused from outside.
+    _ready(serverless)
+    session = {"lifetime": 5, "on_close_route": SESSION_CALLBACK, "on_close_payload": {"from": "gate"}}
+    results = serverless.probe([
+        # A numeric cost, as the SDK's session code needs, so an unguarded SDK creates the session (201).
+        {"name": "create, empty signature", "route": "/session/create", "signature": "empty",
+         "payload": session, "request_idx": 401, "auth": {"cost": 8}},
+        {"name": "create, another key", "route": "/session/create", "signature": "other-key",
+         "payload": session, "request_idx": 402, "auth": {"cost": 8}},
+        {"name": "create, no auth_data", "route": "/session/create", "signature": "none", "payload": session},
+        {"name": "end, unknown session", "route": "/session/end",
+         "raw_b64": _b64(b'{"session_id": "x", "session_auth": {}}')},
+    ])
+    wrong = {name: r for name, r in results.items() if not (r["status"] and 400 <= r["status"] < 500)}
+    assert not wrong, f"unsigned session requests not refused (4xx):\n{_summary(wrong)}"
+    callbacks = serverless.records("/session-callback/")
+    assert not callbacks, f"the worker called an address a caller chose: {callbacks}"
+
+
+@pytest.mark.serve
+def test_self_update_refused(serverless: Launched) -> None:
+    # vastai lets /pyworker/update in with an empty token when MASTER_TOKEN is unset (the platform's
+    # launch here sets none); an image is version-locked, so it is refused whatever the token.
+    _ready(serverless)
+    results = serverless.probe([
+        {"name": "no token", "route": "/pyworker/update", "raw_b64": _b64(b"{}")},
+        {"name": "empty bearer", "route": "/pyworker/update", "raw_b64": _b64(b"{}"),
+         "headers": {"Authorization": "Bearer "}},
+    ])
+    wrong = {name: r for name, r in results.items() if not (r["status"] and 400 <= r["status"] < 500)}
+    assert not wrong, f"/pyworker/update not refused (4xx):\n{_summary(wrong)}"
+    assert not serverless.host.file("/.force_update").exists, "/pyworker/update wrote /.force_update"
+
+
+@pytest.mark.serve
+def test_query_strings_not_logged(serverless: Launched) -> None:
+    # The SDK's own client puts its api key into a query string; a kept access line (a refusal's)
+    # must not print it.
+    _ready(serverless)
+    secret = "gate-query-4f1c"  # noqa: S105 - a marker, not a credential
+    result = serverless.probe([{"name": "refused with a query", "route": f"/v1/completions?api_key={secret}",
+                                "signature": "other-key", "request_idx": 701}])["refused with a query"]
+    assert result["status"] == 401, f"the probe was not refused: {result}"
+    # Access lines are written in order: once a later request's line (a 404 on a path of its own)
+    # is in the log, the probe's line is too.
+    marker = f"/bakery-gate-marker-{uuid.uuid4().hex[:8]}"
+    serverless.probe([{"name": "marker", "route": marker, "raw_b64": _b64(b"{}")}])
+    assert serverless.wait_for(lambda: marker in serverless.logs(), 10, 0.3), \
+        f"no access line for {marker}: access lines of refused requests must stay"
+    leaked = [line for line in serverless.logs().splitlines() if secret in line]
+    assert not leaked, f"a log line prints the query string: {leaked[:3]}"
+
+
+@pytest.mark.serve
+def test_oversized_body_refused_413(serverless: Launched) -> None:
+    _ready(serverless)
+    results = serverless.probe([{"name": "17 MiB signed envelope", "pad_to": BODY_LIMIT + (1 << 20),
+                                 "request_idx": 501}])
+    result = results["17 MiB signed envelope"]
+    assert result["status"] == 413 and isinstance(result["json"], dict), \
+        f"a body over 16 MiB was not refused with a JSON 413:\n{_summary(results)}"
+    again = serverless.probe([{"name": "after", "payload": COMPLETION, "request_idx": 502}])["after"]
+    assert again["status"] == 200, f"the worker did not serve after refusing a large body: {again}"
+
+
+# ---- a control plane that withholds the key at boot (one launch, two checks) --------------------
+# conftest's "latekey" side launch: the stand-in answers 503 to the worker's first 5 key fetches
+# (the SDK's own tries, ~15 s) and serves the key from the 6th on.
+
+
+@pytest.mark.serve
+def test_requests_get_503_until_ready(side: SideLaunches) -> None:
+    # Until the worker is loaded (here: its key is withheld), a request is never proxied: 503 with
+    # Retry-After and a JSON error, so the caller knows to come back. Probed as soon as the worker
+    # had reported (conftest.probe_before_ready).
+    side.get("latekey")
+    result = side.early_probe
+    assert 200 not in (result.get("key_fetches_before") or []), f"the key was served before the probe: {result}"
+    assert result.get("status") == 503 and (result.get("headers") or {}).get("Retry-After") \
+        and isinstance(result.get("json"), dict), f"a request before the worker was ready got: {result}"
+
+
+@pytest.mark.serve
+def test_key_served_late_is_picked_up(side: SideLaunches) -> None:
+    # The control plane does not give the key at boot and does after the SDK's own 5 tries: the
+    # worker must end up serving signed requests without anyone restarting the container (never
+    # 401 forever), and report ready.
+    launched = side.get("latekey")
+    started = launched.container.attrs["State"]["StartedAt"]
+
+    def fetches() -> list[int]:
+        return [r.get("status") for r in launched.records("/pubkey/")]
+
+    assert launched.wait_for(lambda: 200 in fetches(), READY_TIMEOUT, 1), \
+        f"the worker stopped asking for the key after {fetches()} (503 = withheld)\n{launched.logs()[-2000:]}"
+    assert fetches()[:SDK_PUBKEY_TRIES] == [503] * SDK_PUBKEY_TRIES, f"the key was not withheld first: {fetches()}"
+    deadline = time.monotonic() + READY_TIMEOUT
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline and launched.running():
+        last = launched.probe([{"name": "late", "payload": COMPLETION, "request_idx": 602}], timeout=30)["late"]
+        if last["status"] == 200:
+            break
+        time.sleep(2)
+    assert last.get("status") == 200, \
+        f"signed requests still not served after the key was fetched: {last}\nfetches: {fetches()}\n" \
+        f"{launched.logs()[-2000:]}"
+    # Served means loaded; its report follows within the SDK's 10 s tick.
+    assert launched.wait_for(lambda: any(is_ready_report(r) for r in launched.reports()), 30, 0.5), \
+        f"no ready report after the key came: {[r.get('error_msg') for r in launched.reports()][-5:]}"
+    launched.container.reload()
+    attrs = launched.container.attrs
+    assert attrs["State"]["StartedAt"] == started and attrs.get("RestartCount", 0) == 0, "the container was restarted"
+
+
+# ---- offline --------------------------------------------------------------------------------------
+
+
+@pytest.mark.serve
+def test_unsecured_offline_serves_unsigned(side: SideLaunches) -> None:
+    # UNSECURED=true stays supported for offline use (the README's docker run): no control plane
+    # at all, and the demo client's unsigned envelopes are served.
+    launched = side.get("unsecured")
+    assert launched.ready(READY_TIMEOUT), f"not ready offline:\n{launched.logs()[-2000:]}"
+
+    def demo_client_served() -> bool:
+        return launched.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000 --timeout 60").rc == 0
+
+    # The benchmark file comes a moment before the worker marks itself loaded (health check).
+    assert launched.wait_for(demo_client_served, 30, 2), \
+        launched.host.run(f"{WORKER_PYTHON} {CLIENT} http://127.0.0.1:3000").stderr + launched.logs()[-2000:]
