@@ -183,7 +183,7 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
     """The environment and launch options of one side launch."""
     if name == "loadfail":
         # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
-        # GGUF for the real llama.cpp). The grace outlasts the SDK's 10 s report tick, so the errored
+        # model file for a real engine). The grace outlasts the SDK's 10 s report tick, so the errored
         # status is sent before the container stops.
         return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
     if name == "latekey":

@@ -28,10 +28,6 @@ ENGINE_AGNOSTIC = ("bakery", "worker/boot", "worker/workers/openai", "tests/imag
 # Engine names still written there, each with the edit that removes it. The test fails when a new one
 # appears and when one of these is gone (then delete its entry): the list only shrinks.
 PENDING: dict[tuple[str, str], str] = {
-    ("worker/boot/entrypoint.py", "openai"): "ALIASES: use the baked BAKERY_ENGINE_PROGRAM",
-    ("worker/boot/entrypoint.py", "vllm"): "ALIASES: use the baked BAKERY_ENGINE_PROGRAM",
-    ("tests/image/launch.py", "llama"): "LOCAL_MODELS: use engine_facts.facts(spec).launch_env()",
-    ("tests/image/test_gate.py", "vllm"): "empty BACKEND: expect the image's own backend (facts.backend) named",
     ("bakery/bases.py", "vllm"): "the stand-in catalogue names the engine each stand-in imitates",
     ("bakery/bases.py", "sglang"): "the stand-in catalogue names the engine each stand-in imitates",
 }
