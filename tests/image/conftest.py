@@ -160,6 +160,7 @@ SIDE_USERS = {
     "loadfail": {"test_engine_load_failure_reported"},
     "latekey": {"test_requests_get_503_until_ready", "test_key_served_late_is_picked_up"},
     "unsecured": {"test_unsecured_offline_serves_unsigned"},
+    "route": {"test_local_route_served_signed"},
 }
 
 
@@ -192,6 +193,10 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
         return serverless_env(spec), {"withhold_fetches": SDK_PUBKEY_TRIES}
     if name == "unsecured":
         return offline_env(spec), {"controlplane": False}
+    if name == "route":
+        # Only the spec's non-default route (base.local_route), served and benchmarked, with the
+        # launch variables it needs: readiness then proves the engine serves it.
+        return serverless_env(spec, **engine_facts.facts(spec).route_env()), {}
     raise KeyError(name)
 
 
@@ -223,6 +228,8 @@ def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pyt
     """This engine's side launches (see SIDE_USERS), removed before the next engine's."""
     selected = {getattr(item, "originalname", item.name) for item in request.session.items}
     wanted = {name for name, users in SIDE_USERS.items() if users & selected}
+    if engine_facts.facts(image.spec).local_route is None:
+        wanted.discard("route")  # nothing to launch: its check skips
     registry = Containers(docker_client)
     yield SideLaunches(registry, image, wanted)
     registry.remove_all()
