@@ -182,7 +182,8 @@ def test_the_engine_name_check_can_fail(tmp_path: Path) -> None:
 def test_route_switches_are_the_workers() -> None:
     # The gate's non-default route launch sets these names; the worker must read the very same.
     routes = importlib.import_module("workers.openai.routes")
-    assert (engine_facts.ROUTES_VAR, engine_facts.BENCHMARK_ROUTE_VAR) == (routes.ROUTES_VAR, routes.BENCHMARK_ROUTE_VAR)
+    ours = (engine_facts.ROUTES_VAR, engine_facts.BENCHMARK_ROUTE_VAR)
+    assert ours == (routes.ROUTES_VAR, routes.BENCHMARK_ROUTE_VAR)
 
 
 def test_local_route_launch_serves_and_benchmarks_only_that_route() -> None:
