@@ -97,14 +97,16 @@ def test_sbom_lists_exactly_the_worker_venv(serverless: Launched) -> None:
     # -I: the venv's own view, not whatever PYTHONPATH or the working directory would add.
     installed = json.loads(exec_json(serverless, WORKER_PYTHON, "-I", "-c", INSTALLED_PROBE))
     assert installed, "the worker's venv lists no distribution"
-    assert sbom_mismatches(sbom, installed) == []
+    problems = sbom_mismatches(sbom, installed)
+    assert problems == [], "the SBOM disagrees with the worker's venv:\n" + "\n".join(problems)
 
 
 @pytest.mark.resolution
 def test_bakery_files_add_no_setuid_or_world_writable(serverless: Launched) -> None:
     entries = walk(serverless, *BAKERY_PATHS)
     assert any(e["path"].startswith(OWNED_BY_ROOT + "/") for e in entries), f"nothing found under {OWNED_BY_ROOT}"
-    assert hygiene_problems(entries) == []
+    problems = hygiene_problems(entries)
+    assert problems == [], "\n".join(problems)
 
 
 @pytest.mark.resolution
@@ -112,7 +114,8 @@ def test_worker_files_writable_by_root_only(serverless: Launched) -> None:
     # The worker runs as root from /opt/bakery: a file there another user could change is a way in.
     entries = walk(serverless, OWNED_BY_ROOT)
     assert entries, f"nothing found under {OWNED_BY_ROOT}"
-    assert writable_by_others(entries) == []
+    problems = writable_by_others(entries)
+    assert problems == [], "a non-root user could change:\n" + "\n".join(problems)
 
 
 # ---- one non-default route (the spec's base.local_route) ------------------------------------------
