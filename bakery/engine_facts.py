@@ -12,13 +12,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.spec import EXIT_LINE, EngineSpec, available_engines, load_engine
+from bakery.spec import EXIT_LINE, EngineSpec, LocalRoute, available_engines, load_engine
 
 # The variable every engine's model id may also come from, before the engine's own (upstream's name).
 MODEL_NAME_VAR = "MODEL_NAME"
 # What the image bakes so the entry point and the worker need no table of engines (bakery.render).
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 MODEL_VAR_VAR = "BAKERY_MODEL_VAR"
+# The worker's route switches (worker/workers/openai/routes.py ROUTES_VAR, BENCHMARK_ROUTE_VAR).
+ROUTES_VAR = "OPENAI_ROUTES"
+BENCHMARK_ROUTE_VAR = "BENCHMARK_ROUTE"
 # Where the worker adapters live, relative to the repository's worker/ directory.
 ADAPTERS_DIR = "workers"
 
@@ -42,12 +45,20 @@ class EngineFacts:
     local_base: str | None  # bakery.bases catalogue name
     local_model: str | None  # the model that local base serves
     fail_load_env: dict[str, str] = field(default_factory=dict)  # launch overrides that make loading fail
+    local_route: LocalRoute | None = None  # a non-default route the local base serves (base.local_route)
 
     def launch_env(self) -> dict[str, str]:
         """The engine part of a launch on the local base: the model variable set to the model it serves."""
         if self.local_model is None:
             raise ValueError(f"images/{self.name}.yaml: base.local_model is not set: the engine has no local base")
         return {self.model_var: self.local_model}
+
+    def route_env(self) -> dict[str, str]:
+        """The launch overrides that serve and benchmark only base.local_route's route, with its extra variables."""
+        if self.local_route is None:
+            raise ValueError(f"images/{self.name}.yaml: base.local_route is not set")
+        route = self.local_route.route
+        return {ROUTES_VAR: route, BENCHMARK_ROUTE_VAR: route, **self.local_route.env}
 
 
 def facts(spec: EngineSpec) -> EngineFacts:
@@ -75,6 +86,7 @@ def facts(spec: EngineSpec) -> EngineFacts:
         local_base=spec.base.local,
         local_model=spec.base.local_model,
         fail_load_env=fail_env,
+        local_route=spec.base.local_route,
     )
 
 

@@ -75,6 +75,34 @@ class LocalFailure(_Strict):
         return self
 
 
+class LocalRoute(_Strict):
+    """A route beyond the worker's default that the gate proves on the local base: a launch serving and
+    benchmarking only this route (OPENAI_ROUTES, BENCHMARK_ROUTE) with `env` added must become ready and
+    answer one signed request with `payload` through :3000."""
+
+    route: StrictStr = Field(description="the worker route, e.g. /v1/embeddings (docs/routes.md)")
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict, description="extra launch variables it needs")
+    payload: dict[StrictStr, Any] = Field(description="the OpenAI body of the signed request")
+    embedding_dimension: int | None = Field(
+        default=None, gt=0, description="an embeddings answer: the length every returned vector must have"
+    )
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, value: str) -> str:
+        if not re.fullmatch(r"/v1/[a-z0-9/_.-]+", value):
+            raise ValueError(f"{value!r}: a worker route starts with /v1/ (docs/routes.md)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env.{name}: not a valid environment variable name")
+        return value
+
+
 class BaseImage(_Strict):
     """The production base image and where it runs."""
 
@@ -88,6 +116,9 @@ class BaseImage(_Strict):
     )
     local_fail_load: LocalFailure | None = Field(
         default=None, description="how the gate makes the engine fail to load on the local base"
+    )
+    local_route: LocalRoute | None = Field(
+        default=None, description="a non-default route the gate proves on the local base (none: that check skips)"
     )
 
     @field_validator("image")

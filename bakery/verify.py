@@ -21,7 +21,7 @@ from bakery.spec import IMAGES_DIR_VAR
 
 # The gate is exactly these checks (the image and its engine; the worker as the platform sees it,
 # against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
-GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py")
+GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py", GATE_DIR / "test_gate_contents.py")
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
 # what needs no engine: the image's configuration and the worker's resolution.
 LEVELS = {

@@ -160,6 +160,7 @@ SIDE_USERS = {
     "loadfail": {"test_engine_load_failure_reported"},
     "latekey": {"test_requests_get_503_until_ready", "test_key_served_late_is_picked_up"},
     "unsecured": {"test_unsecured_offline_serves_unsigned"},
+    "route": {"test_local_route_served_signed"},
 }
 
 
@@ -183,7 +184,7 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
     """The environment and launch options of one side launch."""
     if name == "loadfail":
         # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
-        # GGUF for the real llama.cpp). The grace outlasts the SDK's 10 s report tick, so the errored
+        # model file for a real engine). The grace outlasts the SDK's 10 s report tick, so the errored
         # status is sent before the container stops.
         return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
     if name == "latekey":
@@ -192,6 +193,10 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
         return serverless_env(spec), {"withhold_fetches": SDK_PUBKEY_TRIES}
     if name == "unsecured":
         return offline_env(spec), {"controlplane": False}
+    if name == "route":
+        # Only the spec's non-default route (base.local_route), served and benchmarked, with the
+        # launch variables it needs: readiness then proves the engine serves it.
+        return serverless_env(spec, **engine_facts.facts(spec).route_env()), {}
     raise KeyError(name)
 
 
@@ -223,6 +228,8 @@ def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pyt
     """This engine's side launches (see SIDE_USERS), removed before the next engine's."""
     selected = {getattr(item, "originalname", item.name) for item in request.session.items}
     wanted = {name for name, users in SIDE_USERS.items() if users & selected}
+    if engine_facts.facts(image.spec).local_route is None:
+        wanted.discard("route")  # nothing to launch: its check skips
     registry = Containers(docker_client)
     yield SideLaunches(registry, image, wanted)
     registry.remove_all()

@@ -24,6 +24,7 @@ import docker
 import docker.errors
 import testinfra
 
+from bakery.engine_facts import facts
 from bakery.spec import EngineSpec
 
 CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
@@ -51,9 +52,6 @@ BENCHMARK_ENV = {"BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1", "BENCHMARK
 # When the engine dies the container stops after this grace; on a production base without a GPU the
 # engine dies at once, and the resolution checks need the worker up meanwhile.
 GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
-# The model each local base serves (the real SmolLM2 file in the llama.cpp base; any id for stand-ins).
-LOCAL_MODELS = {"llama": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
-STANDIN_MODEL = "standin/tiny-chat"
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
 WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
@@ -61,8 +59,8 @@ CLIENT = "/opt/bakery/worker/workers/openai/client.py"
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
-    env = {"SERVERLESS": "true", spec.engine.model_var: LOCAL_MODELS.get(spec.name, STANDIN_MODEL),
-           **PLATFORM_ENV, **BENCHMARK_ENV, **GRACE_ENV}
+    # The model the local base serves: images/<engine>.yaml base.local_model (bakery.engine_facts).
+    env = {"SERVERLESS": "true", **facts(spec).launch_env(), **PLATFORM_ENV, **BENCHMARK_ENV, **GRACE_ENV}
     env.update(overrides)
     return env
 

@@ -152,3 +152,38 @@ def test_missing_guard_is_caught(guard: str, pristine, monkeypatch: pytest.Monke
     failed = {name.split("[")[0] for name in gate.failed}
     catchers = GUARD_CATCHERS[guard]
     assert catchers <= failed, f"without {guard!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
+
+
+# ---- what the image carries: a defect added on top of the pristine image -----------------------------
+# Each is one RUN appended to the rendered Dockerfile; only its catchers run (everything else is the
+# pristine image's).
+SITE_PACKAGES = "$(ls -d /opt/bakery/venv/lib/python3*/site-packages)"
+CONTENT_DEFECTS = {
+    # A distribution the SBOM does not list (as if installed after make-sbom.sh ran).
+    "unlisted distribution": (
+        f'RUN d={SITE_PACKAGES}/planted-1.0.dist-info && mkdir "$d" && '
+        "printf 'Metadata-Version: 2.1\\nName: planted\\nVersion: 1.0\\n' > \"$d/METADATA\"",
+        {"test_sbom_lists_exactly_the_worker_venv"}),
+    "setuid and world-writable": (
+        "RUN chmod u+s /opt/bakery/worker/start_server.sh && mkdir -p /var/lib/bakery/shared && "
+        "chmod 777 /var/lib/bakery/shared",
+        {"test_bakery_files_add_no_setuid_or_world_writable"}),
+    "worker writable by a group": (
+        "RUN chmod g+w /opt/bakery/worker/boot/entrypoint.py",
+        {"test_worker_files_writable_by_root_only"}),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(CONTENT_DEFECTS))
+def test_content_defect_is_caught(defect: str, pristine, docker_client) -> None:
+    step, catchers = CONTENT_DEFECTS[defect]
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
+    (context / "Dockerfile").write_text(pristine.dockerfile.rstrip("\n") + "\n" + step + "\n")
+    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    try:
+        gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
+    finally:
+        docker_client.images.remove(image_id, force=True)
+    assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
+    failed = {name.split("[")[0] for name in gate.failed}
+    assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"

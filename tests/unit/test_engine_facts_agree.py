@@ -28,10 +28,6 @@ ENGINE_AGNOSTIC = ("bakery", "worker/boot", "worker/workers/openai", "tests/imag
 # Engine names still written there, each with the edit that removes it. The test fails when a new one
 # appears and when one of these is gone (then delete its entry): the list only shrinks.
 PENDING: dict[tuple[str, str], str] = {
-    ("worker/boot/entrypoint.py", "openai"): "ALIASES: use the baked BAKERY_ENGINE_PROGRAM",
-    ("worker/boot/entrypoint.py", "vllm"): "ALIASES: use the baked BAKERY_ENGINE_PROGRAM",
-    ("tests/image/launch.py", "llama"): "LOCAL_MODELS: use engine_facts.facts(spec).launch_env()",
-    ("tests/image/test_gate.py", "vllm"): "empty BACKEND: expect the image's own backend (facts.backend) named",
     ("bakery/bases.py", "vllm"): "the stand-in catalogue names the engine each stand-in imitates",
     ("bakery/bases.py", "sglang"): "the stand-in catalogue names the engine each stand-in imitates",
 }
@@ -181,3 +177,19 @@ def test_the_engine_name_check_can_fail(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
     planted.write_text('ENGINE = "vllm"\nOTHER = "vllm-standin"\n')
     assert _engine_names_in(planted, set(FACTS)) == {"vllm"}
+
+
+def test_route_switches_are_the_workers() -> None:
+    # The gate's non-default route launch sets these names; the worker must read the very same.
+    routes = importlib.import_module("workers.openai.routes")
+    ours = (engine_facts.ROUTES_VAR, engine_facts.BENCHMARK_ROUTE_VAR)
+    assert ours == (routes.ROUTES_VAR, routes.BENCHMARK_ROUTE_VAR)
+
+
+def test_local_route_launch_serves_and_benchmarks_only_that_route() -> None:
+    with_route = [item for item in FACTS.values() if item.local_route is not None]
+    assert with_route, "no spec sets base.local_route: the gate proves no non-default route"
+    for item in with_route:
+        env = item.route_env()
+        assert env[engine_facts.ROUTES_VAR] == env[engine_facts.BENCHMARK_ROUTE_VAR] == item.local_route.route
+        assert item.local_route.env.items() <= env.items()

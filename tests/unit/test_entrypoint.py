@@ -77,6 +77,7 @@ def test_rotation_keeps_the_previous_boot_and_starts_empty(tmp_path: Path) -> No
 def test_empty_model_log_falls_back_to_the_engine_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_LOG", "")
     monkeypatch.setenv("BACKEND", "openai")
+    monkeypatch.setenv("BAKERY_ENGINE_PROGRAM", "vllm")  # baked by the vllm image
     assert str(entrypoint.model_log(entrypoint.engine_name(entrypoint.backend()))) == "/var/log/portal/vllm.log"
 
 
@@ -84,7 +85,9 @@ def test_empty_model_log_falls_back_to_the_engine_default(monkeypatch: pytest.Mo
                                               ("sglang", "sglang")])
 def test_backend_names_a_worker_and_the_engine_program(monkeypatch: pytest.MonkeyPatch, backend: str,
                                                        program: str) -> None:
+    # The program comes from what the image bakes (its spec's name), never from a table of aliases.
     monkeypatch.setenv("BACKEND", backend)
+    monkeypatch.setenv("BAKERY_ENGINE_PROGRAM", program)
     assert entrypoint.engine_name(entrypoint.backend()) == program
 
 
@@ -206,3 +209,14 @@ def test_launcher_refuses_a_bad_engine_file_or_log_in_one_line(tmp_path: Path,
     assert len(lines) == 3
     assert "cannot read the engine's command" in lines[0] and "not a non-empty list" in lines[1]
     assert "cannot open the engine's log" in lines[2] and "No such file or directory" in lines[2]
+
+
+def test_an_engine_without_an_adapter_runs_as_its_baked_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An outside engine's image bakes BAKERY_ENGINE_PROGRAM=echo and has no workers/echo/: the
+    # generic worker runs it (start_server.sh), so the entry point accepts exactly that name.
+    monkeypatch.setenv("BAKERY_ENGINE_PROGRAM", "echo")
+    monkeypatch.setenv("BACKEND", "echo")
+    assert entrypoint.engine_name(entrypoint.backend()) == "echo"
+    monkeypatch.setenv("BACKEND", "ech0")
+    with pytest.raises(entrypoint.BootError, match=r"^BACKEND='ech0' names no worker of this image: .*\becho\b"):
+        entrypoint.backend()

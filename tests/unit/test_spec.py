@@ -145,6 +145,10 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
      "base: local_fail_load: required with base.local (the gate launches the local base with it)"),
     (lambda d: d["base"].update(local_fail_load={}),
      "base.local_fail_load: set model (a model that cannot load) or env (variables that make loading fail)"),
+    (lambda d: d["base"]["local_route"].update(route="embeddings"),
+     "base.local_route.route: 'embeddings': a worker route starts with /v1/ (docs/routes.md)"),
+    (lambda d: d["base"]["local_route"].update(env={"LLAMA ARGS": "x"}),
+     "base.local_route.env: env.LLAMA ARGS: not a valid environment variable name"),
     (lambda d: d["bake"]["env"].update(MODEL_ERROR_LOG_MSGS=["error loading model"]),
      "bake.env.MODEL_ERROR_LOG_MSGS: must contain 'INFO exited: llama', the line bakery's entry point writes "
      "when the engine exits (else the worker waits out its load timeout)"),

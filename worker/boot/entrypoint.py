@@ -39,8 +39,10 @@ PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")  # supervisord program names: never 
 INI_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 RESERVED_PROGRAMS = {"worker", "bakery-watch"}
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
-# BACKEND=openai is the upstream alias of vllm; the engine program is named after the real engine.
-ALIASES = {"openai": "vllm"}
+# The engine program the image bakes from its spec (bakery.engine_facts.PROGRAM_VAR): the entry point
+# needs no table of engines, and BACKEND=<an alias> still runs the image's own engine program.
+PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
+GENERIC_WORKER = "workers/openai/generic.py"  # what an engine without an adapter of its own runs
 DEFAULT_DRAIN = 8.0  # workers/openai/drain.py's default, for a caller that does not pass one
 WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before supervisord kills it
 
@@ -68,25 +70,37 @@ def flag(name: str) -> bool:
     raise BootError(f"{name}={os.environ[name]!r} is neither true nor false: set {name}=true or false")
 
 
+def baked_program() -> str:
+    """The engine program the image bakes (BAKERY_ENGINE_PROGRAM); '' when absent."""
+    return single_line(PROGRAM_VAR, os.environ.get(PROGRAM_VAR, "")).strip()
+
+
 def backends() -> list[str]:
-    """The worker backends this image has (workers/<name>/worker.py)."""
-    return sorted(p.parent.name for p in (WORKER_DIR / "workers").glob("*/worker.py"))
+    """The worker backends this image has: workers/<name>/worker.py, and the baked program when the
+    generic worker runs it (an engine without an adapter of its own, as start_server.sh does)."""
+    names = {p.parent.name for p in (WORKER_DIR / "workers").glob("*/worker.py")}
+    program = baked_program()
+    if program and BACKEND_NAME.match(program) and (WORKER_DIR / GENERIC_WORKER).is_file():
+        names.add(program)
+    return sorted(names)
 
 
 def backend() -> str:
     """BACKEND, which must name a worker of this image exactly (no blank, no path, no control character)."""
     value = single_line("BACKEND", os.environ.get("BACKEND", ""))
-    if not BACKEND_NAME.match(value) or not (WORKER_DIR / "workers" / value / "worker.py").is_file():
+    if not BACKEND_NAME.match(value) or value not in backends():
         raise BootError(f"BACKEND={value!r} names no worker of this image: set BACKEND to one of "
                         f"{', '.join(backends()) or '(none found)'}")
     return value
 
 
 def engine_name(backend_name: str) -> str:
-    """The engine's supervisord program name: BACKEND with the openai alias resolved."""
-    name = ALIASES.get(backend_name, backend_name)
+    """The engine's supervisord program name: the baked BAKERY_ENGINE_PROGRAM, whatever BACKEND a launch
+    template picks (an alias BACKEND still runs the image's own program); BACKEND itself when not baked."""
+    name = baked_program() or backend_name
     if not PROGRAM_NAME.match(name) or name in RESERVED_PROGRAMS:
-        raise BootError(f"BACKEND={backend_name!r} cannot name the engine program (lowercase letters, "
+        source = f"{PROGRAM_VAR}={name!r}" if baked_program() else f"BACKEND={backend_name!r}"
+        raise BootError(f"{source} cannot name the engine program (lowercase letters, "
                         f"digits, _ and - only, not {', '.join(sorted(RESERVED_PROGRAMS))})")
     return name
 
