@@ -344,7 +344,11 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     # A long streamed answer is in flight when the container is stopped: it arrives whole, a request
     # sent after the signal gets 503 + Retry-After, the stop fits Docker's grace with exit 0, the worker
     # stops before the engine, and both outcomes reach the autoscaler before the worker exits.
+    # The engine is frozen (SIGSTOP) from its first event until the drain has begun, so the answer is
+    # in flight at the signal whatever the machine's speed; the rest of it must fit the drain time.
     launched = side.get("drain")
+    program = facts(side.image.spec).program
+    engine = launched.engine_pid(program)
     _ready(launched)
     long_answer = facts(side.image.spec).long_answer
     assert long_answer is not None, f"images/{side.image.engine}.yaml: base.local_long_answer is not set"
@@ -360,6 +364,7 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     assert response.status == 200, response.read()[:500]
     first = response.readline()
     assert first.startswith(b"data: "), first
+    launched.signal_pid(engine, "STOP")
 
     stop: dict[str, float] = {}
 
@@ -377,8 +382,14 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     refused = late.getresponse()
     assert refused.status == 503 and refused.getheader("Retry-After"), (refused.status, refused.read())
     late.close()
+    launched.signal_pid(engine, "CONT")
 
-    rest = response.read()
+    try:
+        rest = response.read()
+    except http.client.IncompleteRead as exc:  # the drain cut the answer: say why
+        stopper.join(DOCKER_GRACE + 20)
+        raise AssertionError(f"the answer in flight was cut after {len(first) + len(exc.partial)} bytes:\n"
+                             f"{launched.logs()[-3000:]}") from None
     conn.close()
     stopper.join(DOCKER_GRACE + 20)
     events = [e for e in (first + rest).split(b"\n\n") if e.strip()]
@@ -388,7 +399,6 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     assert launched.exit_code() == 0, launched.logs()[-3000:]
     assert stop["seconds"] < DOCKER_GRACE, stop  # no SIGKILL: the drain and the engine's stop fit the grace
     logs = launched.logs()
-    program = facts(side.image.spec).program
     assert "drained in" in logs and logs.index("stopped: worker (exit status 0)") < \
         logs.index(f"stopped: {program}"), logs[-3000:]
     outcomes = {r.get("request_idx"): r for r in launched.deleted_requests()}
