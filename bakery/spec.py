@@ -103,6 +103,25 @@ class LocalRoute(_Strict):
         return value
 
 
+class LocalLongAnswer(_Strict):
+    """A streamed chat answer that stays in flight for seconds on the local base: the gate's drain
+    check stops the container while it streams, and the answer must still arrive whole."""
+
+    env: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict, description="launch variables that make the answer long (a stand-in's token delay)")
+    payload: dict[StrictStr, Any] = Field(
+        default_factory=dict, description="fields added to the streamed chat request (max_tokens, ...)")
+    tokens: int = Field(gt=0, description="the completion_tokens the answer's usage chunk must report")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env.{name}: not a valid environment variable name")
+        return value
+
+
 class BaseImage(_Strict):
     """The production base image and where it runs."""
 
@@ -119,6 +138,9 @@ class BaseImage(_Strict):
     )
     local_route: LocalRoute | None = Field(
         default=None, description="a non-default route the gate proves on the local base (none: that check skips)"
+    )
+    local_long_answer: LocalLongAnswer | None = Field(
+        default=None, description="a streamed answer in flight for seconds on the local base (the drain check)"
     )
 
     @field_validator("image")
@@ -147,7 +169,7 @@ class BaseImage(_Strict):
     @model_validator(mode="after")
     def _local_facts(self) -> BaseImage:
         if self.local is not None:
-            for key in ("local_model", "local_fail_load"):
+            for key in ("local_model", "local_fail_load", "local_long_answer"):
                 if getattr(self, key) is None:
                     raise ValueError(f"{key}: required with base.local (the gate launches the local base with it)")
         return self

@@ -55,6 +55,8 @@ GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
 WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
+SUPERVISORCTL = "/opt/bakery/venv/bin/supervisorctl"
+SUPERVISOR_CONF = "/run/bakery/supervisord.conf"  # written by the entry point (worker/boot/entrypoint.py)
 
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
@@ -207,6 +209,22 @@ class Launched:
         """Every request outcome the worker sent to /delete_requests/, oldest first."""
         return [item for e in self.records("/delete_requests/") if isinstance(e.get("body"), dict)
                 for item in e["body"].get("requests") or [] if isinstance(item, dict)]
+
+    def engine_pid(self, program: str) -> int:
+        """The engine's process id, from supervisord (its program `program`); ask before any stop
+        begins (supervisord stops answering once it is shutting down)."""
+        result = self.container.exec_run([SUPERVISORCTL, "-c", SUPERVISOR_CONF, "pid", program])
+        text = result.output.decode(errors="replace").strip()
+        if result.exit_code != 0 or not text.isdigit() or int(text) <= 0:
+            raise RuntimeError(f"supervisord gave no pid for {program}: {text!r} (exit {result.exit_code})")
+        return int(text)
+
+    def signal_pid(self, pid: int, signal_name: str) -> None:
+        """Send SIG`signal_name` (STOP, CONT) to a process of the container: a check freezes the engine
+        to hold an answer in flight without racing it."""
+        result = self.container.exec_run(["/bin/sh", "-c", f"kill -{signal_name} {pid}"])
+        if result.exit_code != 0:
+            raise RuntimeError(f"could not send SIG{signal_name} to {pid}: {result.output.decode(errors='replace')}")
 
     def file_text(self, path: str) -> str:
         """A file's content inside the container ('' when absent)."""
