@@ -6,6 +6,10 @@ The release path, one platform per job, then one manifest job per release (.gith
     python -m bakery.release verify --push ...          gate THAT image (by id = config digest); only on a
                                                         pass: tag it <most specific tag>-<arch>, push, and
                                                         write a verified record {image id, pushed digest}
+        --provenance --override ci.json                 push with buildx and the builder's provenance
+                                                        instead, and record only once the pushed index
+                                                        is read back to hold that image (provenance.py)
+    python -m bakery.release sbom --record R --out F    the recorded image's SBOM, as the gate checked it
     python -m bakery.release assemble RECORDS...        check every pushed digest's config IS the verified
                                                         image id, then `docker buildx imagetools create`
                                                         the release tags from those digests only
