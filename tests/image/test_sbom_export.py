@@ -12,10 +12,7 @@ line and exit 1, and no file is written.
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +26,7 @@ from bakery.sbom import INSTALLED_PROBE, SBOM_PATH, sbom_mismatches
 from bakery.spec import load_engine
 from tests.image.conftest import build_local_image
 from tests.image.launch import WORKER_PYTHON
+from tests.image.real_registry import planted_images
 
 # Run with the venv's Python (-I, as the gate does): the SBOM file's bytes (base64) and the venv's
 # distributions, in one JSON line.
@@ -85,30 +83,11 @@ def test_a_record_names_the_image_whose_sbom_is_written(vllm_image: str, gate_vi
     assert out.read_bytes() == gate_view["sbom"]
 
 
-def import_files(client: docker.DockerClient, files: dict[str, bytes]) -> str:
-    """An image holding exactly `files` ({path: content}), made with `docker import`; returns its id."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path, data in files.items():
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    result = client.api.import_image_from_data(buffer.getvalue())
-    return client.images.get(json.loads(result.strip().splitlines()[-1])["status"]).id
-
-
 @pytest.fixture
 def planted(docker_client: docker.DockerClient) -> Iterator:
-    made: list[str] = []
-
-    def make(files: dict[str, bytes]) -> str:
-        made.append(import_files(docker_client, files))
-        return made[-1]
-
-    yield make
-    for image_id in made:
-        with contextlib.suppress(docker.errors.APIError):
-            docker_client.images.remove(image_id, force=True)
+    """planted({path: content}) -> an imported image holding exactly those files; removed afterwards."""
+    with planted_images(docker_client) as make:
+        yield make
 
 
 @pytest.mark.parametrize("files, message", [

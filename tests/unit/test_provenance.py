@@ -189,16 +189,17 @@ def test_platform_manifest_reads_the_documented_example() -> None:
 # ---- the push: argv, order, and nothing recorded or tagged before the check --------------------------
 
 
+def vllm_bake_file(directory: Path, created: str) -> Path:
+    """The vLLM bake file (production targets) with this `created` time; no wheels (it is never built)."""
+    (directory / "wheels").mkdir(parents=True, exist_ok=True)
+    return write_bake_file([load_engine("vllm")], directory / "bake" / "docker-bake.json", repository="ghcr.io/acme",
+                           wheelhouse=lambda _platform: directory / "wheels", quiet=True,
+                           build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": created})
+
+
 @pytest.fixture
 def bake_file(tmp_path: Path) -> Path:
-    def wheelhouse(platform: str) -> Path:
-        directory = tmp_path / "wheels" / platform.replace("/", "-")
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
-
-    return write_bake_file([load_engine("vllm")], tmp_path / "bake" / "docker-bake.json", repository="ghcr.io/acme",
-                           wheelhouse=wheelhouse, build_args={"BAKERY_REVISION": REV,
-                                                              "BAKERY_CREATED": "2026-01-02T03:04:05Z"}, quiet=True)
+    return vllm_bake_file(tmp_path, "2026-01-02T03:04:05Z")
 
 
 def test_the_bake_file_pins_the_config_time_to_the_created_label(bake_file: Path) -> None:
@@ -282,10 +283,7 @@ def test_no_metadata_digest_is_a_build_error(bake_file: Path, registry: Registry
 
 
 def test_a_bake_file_without_the_epoch_is_refused_before_pushing(tmp_path: Path, registry: Registry) -> None:
-    (tmp_path / "wheels").mkdir()
-    bake = write_bake_file([load_engine("vllm")], tmp_path / "b" / "docker-bake.json", repository="ghcr.io/acme",
-                           wheelhouse=lambda _platform: tmp_path / "wheels", quiet=True,
-                           build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"})
+    bake = vllm_bake_file(tmp_path, "now")
     buildx = FakeBuildx(registry, INDEX["amd64"], IMAGE["amd64"])
     with pytest.raises(InputError, match="has no SOURCE_DATE_EPOCH build arg"):
         push(bake, registry, buildx)
