@@ -212,16 +212,26 @@ EXIT_LINE = "INFO exited: {name}"
 
 
 class LineSource(_Strict):
-    """Where one baked log line is found: written by someone other than the engine, or a source pattern."""
+    """Where one baked log line is found: written by someone other than the engine, or in the engine's source
+    (by a pattern, and/or only in the file that prints it)."""
 
     origin: StrictStr | None = Field(default=None, description=f"one of {', '.join(LINE_ORIGINS)}")
     pattern: StrictStr | None = Field(default=None, description="a regular expression found in the engine's source")
+    file: StrictStr | None = Field(
+        default=None, description="the source file that prints the line, as the end of its path (e.g. "
+                                  "tools/server/server.cpp): the line counts only there"
+    )
     why: StrictStr | None = None
 
     @model_validator(mode="after")
     def _one(self) -> LineSource:
-        if (self.origin is None) == (self.pattern is None):
-            raise ValueError("set exactly one of origin (who writes the line) or pattern (how the source holds it)")
+        if (self.origin is None) == (self.pattern is None and self.file is None):
+            raise ValueError("set either origin (who writes the line) or pattern and/or file (where the engine's "
+                             "source holds it)")
+        if self.file is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*", self.file)
+                                      or ".." in self.file.split("/")):
+            raise ValueError(f"file {self.file!r}: a relative path inside the source tree "
+                             "(e.g. tools/server/server.cpp)")
         if self.origin is not None and self.origin not in LINE_ORIGINS:
             raise ValueError(f"origin {self.origin!r}: choose one of {', '.join(LINE_ORIGINS)}")
         if self.pattern is not None:

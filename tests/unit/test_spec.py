@@ -157,8 +157,20 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
     (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
      "upstream.lines: 'model ready' is not a baked load or error line; remove it or bake it"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
-     "upstream.lines.model loaded: set exactly one of origin (who writes the line) or pattern "
-     "(how the source holds it)"),
+     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
+     "engine's source holds it)"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "file": "server.cpp"}}}),
+     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
+     "engine's source holds it)"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"why": "no place given"}}}),
+     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
+     "engine's source holds it)"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "../outside/server.cpp"}}}),
+     "upstream.lines.model loaded: file '../outside/server.cpp': a relative path inside the source tree (e.g. "
+     "tools/server/server.cpp)"),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "/abs/server.cpp"}}}),
+     "upstream.lines.model loaded: file '/abs/server.cpp': a relative path inside the source tree (e.g. "
+     "tools/server/server.cpp)"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "nginx"}}}),
      "upstream.lines.model loaded: origin 'nginx': choose one of bakery, supervisord, python, uvicorn"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"pattern": "("}}}),
