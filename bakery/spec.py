@@ -242,6 +242,35 @@ class LineSource(_Strict):
         return self
 
 
+class ReleaseFeed(_Strict):
+    """Where the engine announces its releases, and how the spec spells one (python -m bakery.bump)."""
+
+    pypi: StrictStr | None = Field(default=None, description="the PyPI project whose releases are the engine's")
+    registry: StrictStr | None = Field(
+        default=None, description="an image repository (host/owner/name) whose tags announce the engine's builds"
+    )
+    tag: StrictStr | None = Field(default=None, description="with registry: a build's tag, e.g. server-b{release}")
+    version: StrictStr = Field(default="{release}", description="how `version` spells a release, e.g. v{release}")
+
+    @model_validator(mode="after")
+    def _one_feed(self) -> ReleaseFeed:
+        if (self.pypi is None) == (self.registry is None):
+            raise ValueError("set exactly one of pypi (a PyPI project) or registry (an image repository)")
+        if self.pypi is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.pypi):
+            raise ValueError(f"pypi {self.pypi!r}: not a PyPI project name")
+        if self.pypi is not None and self.tag is not None:
+            raise ValueError("tag: only with registry (a PyPI release names no image tag)")
+        if self.registry is not None:
+            if not re.fullmatch(r"[a-z0-9.-]+(?::\d+)?(?:/[a-z0-9._-]+)+", self.registry):
+                raise ValueError(f"registry {self.registry!r}: must be host/owner/name "
+                                 "(e.g. ghcr.io/ggml-org/llama.cpp)")
+            if self.tag is None or self.tag.count("{release}") != 1:
+                raise ValueError("tag: with registry, the build's tag with {release} once (e.g. server-b{release})")
+        if self.version.count("{release}") != 1:
+            raise ValueError(f"version {self.version!r}: must hold {{release}} once (e.g. v{{release}})")
+        return self
+
+
 class Upstream(_Strict):
     """The engine's source at the pinned version, and how each baked line is found in it (bakery.drift)."""
 
@@ -250,6 +279,7 @@ class Upstream(_Strict):
     )
     tag: StrictStr | None = Field(default=None, description="the git tag of the pinned release; default: version")
     lines: dict[StrictStr, LineSource] = Field(default_factory=dict)
+    releases: ReleaseFeed | None = Field(default=None, description="the release feed bakery.bump follows")
 
     @field_validator("repository")
     @classmethod
