@@ -138,6 +138,13 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
 # ---- engine facts (issue 13): stated once, in the spec ----------------------------------------------
 
 
+# How upstream.lines refuses a declaration that names no place, or two kinds of place, or a file outside the tree.
+ONE_PLACE = ("upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
+             "engine's source holds it)")
+OUTSIDE = ("upstream.lines.model loaded: file {!r}: a relative path inside the source tree "
+           "(e.g. tools/server/server.cpp)")
+
+
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d["base"].pop("local_model"),
      "base: local_model: required with base.local (the gate launches the local base with it)"),
@@ -157,20 +164,15 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
     (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
      "upstream.lines: 'model ready' is not a baked load or error line; remove it or bake it"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
-     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
-     "engine's source holds it)"),
+     ONE_PLACE),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "file": "server.cpp"}}}),
-     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
-     "engine's source holds it)"),
+     ONE_PLACE),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"why": "no place given"}}}),
-     "upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
-     "engine's source holds it)"),
+     ONE_PLACE),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "../outside/server.cpp"}}}),
-     "upstream.lines.model loaded: file '../outside/server.cpp': a relative path inside the source tree (e.g. "
-     "tools/server/server.cpp)"),
+     OUTSIDE.format("../outside/server.cpp")),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "/abs/server.cpp"}}}),
-     "upstream.lines.model loaded: file '/abs/server.cpp': a relative path inside the source tree (e.g. "
-     "tools/server/server.cpp)"),
+     OUTSIDE.format("/abs/server.cpp")),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "nginx"}}}),
      "upstream.lines.model loaded: origin 'nginx': choose one of bakery, supervisord, python, uvicorn"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"pattern": "("}}}),
