@@ -183,6 +183,45 @@ def test_pull_requests_build_on_local_bases_and_never_publish() -> None:
     assert "$EVENT == push || $PUBLISH_INPUT == true" in script
 
 
+def test_engine_bump_is_scheduled_checks_drift_before_the_pull_request_and_only_on_a_change() -> None:
+    flow = load("engine-bump.yml")
+    assert set(flow["on"]) == {"schedule", "workflow_dispatch"}, "scheduled and on demand; never a pull request"
+    crons = [entry["cron"] for entry in flow["on"]["schedule"]]
+    assert len(crons) == 1 and len(crons[0].split()) == 5, crons
+    assert flow["permissions"] == {"contents": "read"}
+    job = flow["jobs"]["bump"]
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+    steps = job["steps"]
+    texts = steps_text(job)
+    bump = index_of(texts, "python -m bakery.bump --all")
+    drift = index_of(texts, "python -m bakery.drift")
+    images = index_of(texts, "docker buildx imagetools inspect")
+    render = index_of(texts, "python -m bakery.rendered\n")
+    tests = index_of(texts, "pytest tests/unit")
+    pull_request = index_of(texts, "gh pr create")
+    assert bump < drift < images < render < tests < pull_request, "bump → drift → bases → render → tests → PR"
+    assert "--fetch" in texts[drift], "the drift check clones the bumped releases' source"
+    assert "set -o pipefail" in texts[drift], "a drift failure must not be hidden by the pipe into tee"
+    assert "git diff --name-only -- images/" in texts[bump], "what changed is read from the specs themselves"
+    changed = "steps.bump.outputs.engines != ''"
+    for index in (drift, images, render, tests, pull_request):
+        assert steps[index].get("if") == changed, f"step {steps[index].get('name')!r} runs only after a change"
+    assert "if" not in steps[bump]
+    opener = steps[pull_request]
+    assert opener["env"]["GH_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"  # noqa: S105 - an expression, no secret
+    assert "git add images/ rendered/" in opener["run"], "the bumped specs and their regenerated renders"
+    assert "http.https://github.com/.extraheader=AUTHORIZATION: basic $auth" in opener["run"], \
+        "the push is handed the token explicitly (the checkout keeps none)"
+    assert "gh pr edit" in opener["run"], "a second run updates the open pull request instead of failing"
+
+
+def test_only_the_bump_job_may_push_and_open_pull_requests() -> None:
+    writers = {(path.name, job_name) for path in workflow_files()
+               for job_name, job in (load(path.name).get("jobs") or {}).items()
+               if {"contents", "pull-requests"} & set(workflow_policy._writes(job.get("permissions")))}
+    assert writers == {("engine-bump.yml", "bump")}
+
+
 # ---- least privilege and pinning (issue 12) ----------------------------------------------------
 
 ALL_WORKFLOWS = {p.name: p.read_text() for p in workflow_files()}
@@ -288,6 +327,13 @@ PLANTED = [
      "      - run: docker buildx imagetools create --tag \"$REPO:latest\" \"$REPO:candidate\"\n"
      "      - name: Check each digest is the verified image, then create the release tags\n",
      "pushes an image itself"),
+    ("engine-bump.yml", "on:\n  schedule:\n", "on:\n  pull_request:\n  schedule:\n",
+     "bump: grants contents: write, pull-requests: write to a job a pull request can run"),
+    ("engine-bump.yml", "on:\n  schedule:\n", "on:\n  workflow_run:\n    workflows: [ci]\n  schedule:\n",
+     "bump: grants contents: write, pull-requests: write in a workflow_run workflow"),
+    ("engine-bump.yml", "permissions:\n  contents: read\n", "permissions:\n  contents: write\n",
+     "top-level permissions grant write on contents"),
+    ("engine-bump.yml", "          persist-credentials: false\n", "", "persist-credentials"),
     ("ci.yml", "        run: python -m pytest tests/unit -q\n",
      "        run: python -m pytest tests/unit -q\n        env:\n          TOKEN: ${{ secrets.PUBLISH_TOKEN }}\n",
      "secrets.PUBLISH_TOKEN"),

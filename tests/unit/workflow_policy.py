@@ -6,7 +6,10 @@ rule, so a test can plant a broken copy and see the rule fire:
 - no `pull_request_target`; a top-level `permissions` with read/none values only (a reusable
   workflow, `on: workflow_call`, declares none at all: it inherits its caller's job permissions);
 - a job that grants any write permission can never run for a pull request: its workflow has no
-  pull_request trigger, or its `if` has `github.event_name != 'pull_request'` as a conjunct;
+  pull_request trigger, or its `if` has `github.event_name != 'pull_request'` as a conjunct; and no
+  job of a `workflow_run` workflow writes at all (it runs with the base repository's token after a
+  pull request's workflow, on whatever that run left behind, and its event name is never
+  pull_request, so the `if` above would not keep it out);
 - a job that can run for a pull request passes no `secrets: inherit`, and no workflow that a pull
   request can run names a secret other than GITHUB_TOKEN;
 - every actions/checkout sets `persist-credentials: false`;
@@ -36,6 +39,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 PR_EVENTS = {"pull_request", "pull_request_target"}
+AFTER_PR_EVENTS = {"workflow_run"}  # runs with the base token after (possibly) a pull request's workflow
 NOT_PR = "github.event_name != 'pull_request'"
 USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>[^\s#]+)\s*(?:#\s*(?P<comment>.*))?$")
 PINNED_ACTION = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w./-]+)?@[0-9a-f]{40}$")
@@ -116,6 +120,9 @@ def _flow_violations(name: str, flow: dict[str, Any], text: str, called_from_pr:
         writes = _writes(job.get("permissions"))
         if writes and reusable:
             found.append(f"{name}: {job_name}: a called workflow declares {', '.join(f'{w}: write' for w in writes)}")
+        elif writes and triggers & AFTER_PR_EVENTS:
+            found.append(f"{name}: {job_name}: grants {', '.join(f'{w}: write' for w in writes)} in a workflow_run "
+                         "workflow (it runs after a pull request's workflow, with the base repository's token)")
         elif writes and pr_runs and not _excludes_pull_requests(job):
             found.append(f"{name}: {job_name}: grants {', '.join(f'{w}: write' for w in writes)} to a job a pull "
                          f"request can run (add `if: {NOT_PR}`)")
