@@ -82,14 +82,23 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _controlplane_archive() -> bytes:
-    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/."""
+def controlplane_archive(key_pem: bytes | None = None) -> bytes:
+    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/ (put into /tmp of
+    the container), with `key_pem` as the stand-in's private key when given (else it makes one at
+    start, which takes about a second)."""
     buf = io.BytesIO()
+    now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(CONTROLPLANE_SOURCE.glob("*.py")):
-            data = path.read_bytes()
-            info = tarfile.TarInfo(f"bakery-gate/controlplane/{path.name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        files = [(f"bakery-gate/controlplane/{path.name}", path.read_bytes(), 0o644)
+                 for path in sorted(CONTROLPLANE_SOURCE.glob("*.py"))]
+        if key_pem is not None:
+            state = tarfile.TarInfo("bakery-gate/state")
+            state.type, state.mode, state.mtime = tarfile.DIRTYPE, 0o700, now
+            tar.addfile(state)
+            files.append(("bakery-gate/state/key.pem", key_pem, 0o600))
+        for name, data, mode in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, now
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -242,7 +251,7 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
         labels={"ai.bakery.test": "1"},
     )
     if controlplane:
-        container.put_archive("/tmp", _controlplane_archive())
+        container.put_archive("/tmp", controlplane_archive())
     container.start()
     launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
                         controlplane=controlplane)
