@@ -1,11 +1,13 @@
-"""Send the status report that says "loaded" at once, not at the SDK's next periodic tick.
+"""Send the status report that says "loaded" at once, not at the SDK's next tick.
 
 vastai 1.9.1 marks the model loaded (loadtime, max_perf) after its benchmark but sends status reports
 from a 1 s loop only when a request changed something (`update_pending`) or 10 s have passed since
 the last report. The report the platform routes on therefore left up to ~10 s after the benchmark,
 during which a ready worker got no traffic. Here a startup task watches for the loaded state and
-sets `update_pending`, so that report goes out at the loop's next 1 s tick. It works whichever path
-marks the model loaded (the SDK's benchmark, or the pubkey_retry guard once the key arrives late).
+sends that report itself with the SDK's own send (the same body, retries and reset), so it leaves
+within POLL of the model being marked loaded; if that send did not go through, it flags the report
+as pending instead, for the SDK's loop to retry at its next tick. It works whichever path marks the
+model loaded (the SDK's benchmark, or the pubkey_retry guard once the key arrives late).
 
 This module imports only the standard library at import time.
 """
@@ -13,29 +15,45 @@ This module imports only the standard library at import time.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from workers.openai.guards import GuardError
 
 POLL = 0.05  # seconds between looks at the loaded flag (until it is set; then the task ends)
+# The SDK's status-report send (vastai 1.9.1 Metrics, name-mangled private coroutine): it posts the
+# report to each REPORT_ADDR in turn, and on success clears update_pending and stamps last_metric_update.
+SEND_REPORT = "_Metrics__send_metrics_and_reset"
+
+log = logging.getLogger("bakery.report_soon")
 
 
 def install(ctx: Any) -> None:
-    """Start, with the server, a task that flags the first loaded report as pending."""
+    """Start, with the server, a task that sends the first loaded report as soon as the model is loaded."""
     metrics = getattr(ctx.backend, "metrics", None)
     system = getattr(metrics, "system_metrics", None)
-    if system is None or not hasattr(system, "model_is_loaded") or not hasattr(metrics, "update_pending"):
-        raise GuardError("the SDK's Metrics no longer has system_metrics.model_is_loaded / update_pending "
-                         "(vastai changed): update worker/workers/openai/report_soon.py")
+    send = getattr(metrics, SEND_REPORT, None)
+    if (system is None or not hasattr(system, "model_is_loaded") or not hasattr(metrics, "update_pending")
+            or not hasattr(metrics, "last_metric_update") or send is None):
+        raise GuardError("the SDK's Metrics no longer has system_metrics.model_is_loaded / update_pending / "
+                         f"last_metric_update / {SEND_REPORT} (vastai changed): update "
+                         "worker/workers/openai/report_soon.py")
     tasks: list[asyncio.Task[None]] = []
 
-    async def flag_when_loaded() -> None:
+    async def report_when_loaded() -> None:
         while not metrics.system_metrics.model_is_loaded:
             await asyncio.sleep(POLL)
-        metrics.update_pending = True
+        before = metrics.last_metric_update
+        try:
+            await send()
+        except Exception as exc:  # noqa: BLE001 (the SDK's loop sends it instead)
+            log.warning("the loaded report could not be sent at once (%s); it goes at the next tick",
+                        type(exc).__name__)
+        if metrics.last_metric_update == before:  # not sent: the SDK's loop sends it at its next tick
+            metrics.update_pending = True
 
     async def start(_app: Any) -> None:
         if not tasks:  # on_startup runs for each of the SDK's two apps: one watcher is enough
-            tasks.append(asyncio.get_running_loop().create_task(flag_when_loaded()))
+            tasks.append(asyncio.get_running_loop().create_task(report_when_loaded()))
 
     ctx.on_startup.append(start)
