@@ -648,8 +648,7 @@ class AccessLines(logging.Filter):
             return True
         line = getattr(record, "first_request_line", "")
         parts = line.split(" ", 2) if isinstance(line, str) else []
-        path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
-        return any(path == p or path.startswith(p + "/") for p in AUDITED_PATHS)
+        return is_audited(parts[1].split("?", 1)[0] if len(parts) > 1 else "")
 
 
 def _add_filter_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
@@ -657,10 +656,25 @@ def _add_filter_once(logger: logging.Logger, kind: type[logging.Filter]) -> None
         logger.addFilter(kind())
 
 
+class _QuietDebug:
+    """A logger's `debug` that returns at once for a per-request line (PER_REQUEST_LINE) before any
+    record is made: making and filtering the SDK's four records was ~9 % of the worker's CPU per
+    request (a py-spy profile, issue 14). Any other call goes to the logger's own `debug`."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.own = type(logger).debug.__get__(logger)
+
+    def __call__(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if not args and isinstance(msg, str) and PER_REQUEST_LINE.match(msg):
+            return
+        self.own(msg, *args, **kwargs)
+
+
 def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS,
                    access_logger: str = ACCESS_LOGGER) -> list[str]:
-    """Put PerRequestLines on the loggers of `module_names` (their module-level `log`), and
-    AccessLines on the logger named `access_logger`.
+    """Drop the SDK's per-request lines on the loggers of `module_names` (their module-level `log`):
+    their `debug` returns early for those lines, and PerRequestLines filters what still gets made;
+    put AccessLines on the logger named `access_logger`.
 
     A filter on the logger itself drops a record before any handler sees it (a root handler's
     filter would still run the others). Returns the modules whose logger could not be found (a
@@ -671,10 +685,32 @@ def quiet_requests(module_names: tuple[str, ...] = SDK_REQUEST_LOGGERS,
         logger = getattr(sys.modules.get(name), "log", None)
         if isinstance(logger, logging.Logger):
             _add_filter_once(logger, PerRequestLines)
+            if not isinstance(logger.__dict__.get("debug"), _QuietDebug):
+                logger.debug = _QuietDebug(logger)  # type: ignore[method-assign]
         else:
             missing.append(name)
     _add_filter_once(logging.getLogger(access_logger), AccessLines)
     return missing
+
+
+def is_audited(path: str) -> bool:
+    """Whether access lines of `path` are always kept (AUDITED_PATHS and what is under them)."""
+    return any(path == p or path.startswith(p + "/") for p in AUDITED_PATHS)
+
+
+def quiet_access_log_class() -> type:
+    """aiohttp's AccessLogger, but a model request answered 2xx is skipped before its line is
+    formatted (AccessLines would drop it after: formatting cost ~3 % of the worker's CPU per request).
+    Passed to the SDK's AppRunner (the guards' web shim) when per-request lines are dropped."""
+    from aiohttp.web_log import AccessLogger
+
+    class QuietAccessLogger(AccessLogger):
+        def log(self, request: Any, response: Any, time: float) -> None:
+            if 200 <= response.status < 300 and not is_audited(request.path):
+                return
+            super().log(request, response, time)
+
+    return QuietAccessLogger
 
 
 class _OwnSignature:
@@ -782,6 +818,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     # Added after Worker() so the SDK still installs its own log handler on the root logger.
     logging.getLogger().addHandler(_LaunchFailureExit())
     if not settings.log_requests:
+        ctx.runner_kwargs["access_log_class"] = quiet_access_log_class()
         missing = quiet_requests()
         if missing:
             _warn(f"the SDK's per-request lines cannot be dropped (no logger in {', '.join(missing)}); "
