@@ -46,7 +46,12 @@ DEFAULT_READINESS_TIMEOUT = 1800.0
 DEFAULT_HEALTHCHECK_PROBE_TIMEOUT = 30.0
 # Upstream handler settings: requests may run in parallel, queued up to 10 minutes.
 MAX_QUEUE_TIME = 600.0
+# Upstream's precedence for the served model id (pyworker #88), checked against the specs' model_var by
+# tests/unit/test_engine_facts_agree.py. Inside an image the engine's own variable, which the image
+# bakes by name (BAKERY_MODEL_VAR), comes right after MODEL_NAME, so any engine's works.
 MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")
+MODEL_VAR_VAR = "BAKERY_MODEL_VAR"
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 WORDS_FILE = Path(__file__).with_name("benchmark_words.txt")
 # The SDK logs this (and then retries forever) when it cannot start its HTTP servers.
 SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
@@ -225,9 +230,18 @@ def env_bool(env: Mapping[str, str], name: str, default: bool, warnings: list[st
     return default
 
 
+def model_id_vars(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Where the served model id is looked for, in order: MODEL_NAME, the variable the image names in
+    BAKERY_MODEL_VAR (when it is a variable name), then upstream's engine variables."""
+    baked = (_value(env, MODEL_VAR_VAR) or "").strip()
+    names = [MODEL_ID_VARS[0], *([baked] if _VAR_NAME.match(baked) else []), *MODEL_ID_VARS[1:]]
+    return tuple(dict.fromkeys(names))
+
+
 def resolve_model_id(env: Mapping[str, str]) -> str | None:
-    """The served model id: the first non-blank of MODEL_NAME, VLLM_MODEL, SGLANG_MODEL, LLAMA_MODEL."""
-    for name in MODEL_ID_VARS:
+    """The served model id: the first non-blank of model_id_vars(env) (MODEL_NAME, the image's own
+    model variable, then VLLM_MODEL, SGLANG_MODEL, LLAMA_MODEL)."""
+    for name in model_id_vars(env):
         value = _value(env, name)
         if value is not None:
             return value.strip()
@@ -774,7 +788,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     for warning in [*settings.warnings, *limit_warnings]:
         _warn(warning)
     if settings.model_id is None:
-        _warn(f"no model id ({', '.join(MODEL_ID_VARS)} all unset): benchmark requests omit 'model'")
+        _warn(f"no model id ({', '.join(model_id_vars(env))} all unset): benchmark requests omit 'model'")
     words = load_words()
     if not words:
         _fail(f"the benchmark word list {WORDS_FILE} is empty", EXIT_CONFIG)

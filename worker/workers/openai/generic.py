@@ -1,10 +1,10 @@
 """The worker of an engine that has no adapter of its own (no workers/<BACKEND>/worker.py).
 
 Its defaults are the values its image bakes: the program name (BAKERY_ENGINE_PROGRAM), the log file
-and the log grammar (MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS), and the model variable
-(BAKERY_MODEL_VAR) as the model id when MODEL_NAME is unset. start_server.sh runs it only when BACKEND
-names that program, so a misspelt BACKEND still fails loudly. Outside an image the variables are
-missing: it exits 2 with one line naming what to set.
+and the log grammar (MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS); the core takes the model
+id from the variable BAKERY_MODEL_VAR names when MODEL_NAME is unset, as for every engine.
+start_server.sh runs it only when BACKEND names that program, so a misspelt BACKEND still fails loudly.
+Outside an image the variables are missing: it exits 2 with one line naming what to set.
 """
 
 from __future__ import annotations
@@ -45,15 +45,6 @@ def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
     )
 
 
-def worker_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment with MODEL_NAME taken from the baked model variable when it is unset."""
-    resolved = dict(env)
-    model_var = _get(env, "BAKERY_MODEL_VAR")
-    if not _get(env, "MODEL_NAME") and model_var and _get(env, model_var):
-        resolved["MODEL_NAME"] = _get(env, model_var)
-    return resolved
-
-
 def main() -> None:
     """Run the shared core with the baked values as the engine's defaults."""
     try:
@@ -61,7 +52,7 @@ def main() -> None:
     except MissingBake as exc:
         print(f"bakery-worker: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
-    run(defaults, worker_env(os.environ))
+    run(defaults)
 
 
 if __name__ == "__main__":
