@@ -11,8 +11,8 @@ import json
 import subprocess
 from typing import Any
 
-from bakery.docker_push import registry_of
 from bakery.errors import BuildError
+from bakery.image_ref import registry_of
 
 DOCKER = "docker"
 

@@ -13,7 +13,7 @@ import requests.exceptions
 
 from bakery import docker_engine
 from bakery.errors import BuildError
-from bakery.image_ref import name_and_tag
+from bakery.image_ref import name_and_tag, registry_of
 
 # What the engine says when a push fails, and what it means for the person reading the error.
 _REASONS = [
@@ -26,14 +26,6 @@ _REASONS = [
     (("server gave http response to https client",), "the registry speaks plain HTTP and the engine "
                                                      "wants HTTPS (add it to the engine's insecure-registries)"),
 ]
-
-
-def registry_of(ref: str) -> str:
-    """The registry host of an image reference, as Docker resolves it (docker.io when none is named)."""
-    first, slash, _rest = ref.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
 
 
 def push_failure(ref: str, error: str) -> BuildError:

@@ -85,6 +85,15 @@ def _why_not(ref: str) -> str:
     return "does not follow the reference grammar (name components: a-z, 0-9, '.', '_', '-')"
 
 
+def registry_of(ref: str) -> str:
+    """The registry host of an image reference, as Docker resolves it (docker.io when none is named):
+    the first component is a host when it has a `.` or a `:`, or is `localhost`."""
+    first, slash, _rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
 def name_and_tag(ref: str) -> tuple[str, str]:
     """The repository name and the tag of `ref` (`latest` when it names none), as the grammar splits them.
 

@@ -19,6 +19,7 @@ from bakery import __version__
 from bakery.bakefile import write_bake_file
 from bakery.checkout import BuildFacts
 from bakery.errors import InputError, VerificationError
+from bakery.image_ref import registry_of
 from bakery.plan import BuildOptions, host_platform, make_plan
 from bakery.publish import Pushed
 from bakery.release import VerifiedRecord, assemble, matrix, plan_manifests, verify_target
@@ -431,7 +432,7 @@ def test_rehearsal_lets_verify_push_a_local_build(tmp_path: Path, calls: list[st
     ("ghcr.io/acme/vllm:x", "ghcr.io"), ("acme/vllm:x", "docker.io"), ("vllm:x", "docker.io"),
 ])
 def test_registry_of_follows_dockers_reference_rules(ref: str, registry: str) -> None:
-    assert docker_push.registry_of(ref) == registry
+    assert registry_of(ref) == registry
 
 
 @pytest.mark.parametrize(("error", "reason"), [
