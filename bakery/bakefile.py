@@ -12,6 +12,8 @@ platform (`vllm-amd64`, `vllm-arm64`), because each platform's context carries t
 wheels and its worker-python stage starts FROM a Debian image of that architecture; the engine's
 group (`vllm`) builds all of them, and `default` builds every engine.
 
+The targets are the platforms of the build plans (bakery.plan) build.py made from the specs and
+its flags; `read_target` makes a target's plan again from the file (bakery.release verifies with it).
 Each target carries one **candidate** tag, never a release tag: release tags come only from the
 verification gate (bakery.release / build.py). Cache settings are not in the file (they depend on
 the builder: the default `docker` driver exports none); `python -m bakery.bakefile ci` writes an
