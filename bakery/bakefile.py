@@ -27,6 +27,7 @@ so the build cannot drift from it) and labels the image with that digest
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import re
 import sys
@@ -48,6 +49,9 @@ LOCAL_PREFIX = "bakery-local/"  # images made on the build machine by bakery.bas
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"  # OCI's annotation for the base's digest
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"
 VARIANT_LABEL = "ai.bakery.variant"
+# BuildKit's reproducible-builds build arg: the image config's `created` and its history times. Without
+# it each export stamps the time it ran, so two buildx runs of one cached build differ in their config.
+EPOCH_ARG = "SOURCE_DATE_EPOCH"
 _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<ref>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$",
                    re.MULTILINE | re.IGNORECASE)
 
@@ -94,6 +98,26 @@ def bake_labels(target: TargetPlan) -> dict[str, str]:
             "ai.bakery.bakery-version": __version__}
 
 
+def bake_args(build_args: dict[str, str]) -> dict[str, str]:
+    """The bake file's build args: bakery's own, plus SOURCE_DATE_EPOCH at the `created` label's time.
+
+    BuildKit takes SOURCE_DATE_EPOCH for the config's `created` and history times (since 0.11), so
+    the release job's second buildx run (the push with provenance, every layer from cache) yields the
+    config the gate verified, and the config's time is the label's. A `created` value that is not an
+    ISO time (tests pass "now") gets no epoch; the provenance push refuses such a bake file.
+    """
+    args = dict(build_args)
+    created = args.get(CREATED_ARG, "")
+    if EPOCH_ARG not in args:
+        try:
+            when = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+        except ValueError:
+            return args
+        if when.tzinfo is not None:
+            args[EPOCH_ARG] = str(int(when.timestamp()))
+    return args
+
+
 def bake_definition(targets: list[TargetPlan]) -> dict[str, Any]:
     """The bake file's content (JSON-able): groups and targets, paths relative to the file's directory."""
     definitions: dict[str, Any] = {}
@@ -102,7 +126,7 @@ def bake_definition(targets: list[TargetPlan]) -> dict[str, Any]:
         definitions[target.name] = {
             "context": target.context,
             "dockerfile": "Dockerfile",
-            "args": target.plan.facts.build_args(),
+            "args": bake_args(target.plan.facts.build_args()),
             "tags": [target.tag],
             "labels": bake_labels(target),
             "platforms": [target.platform],

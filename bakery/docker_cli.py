@@ -1,4 +1,5 @@
-"""The docker CLI, for what the SDK cannot do: read and create multi-platform indexes in a registry.
+"""The docker CLI, for what the SDK cannot do: read and create multi-platform indexes in a registry,
+and run buildx bake (the release's push with provenance).
 
 Two tools make the same index: `docker buildx imagetools` (GitHub's runners) and `docker manifest`
 (the Docker CLI alone, where buildx is missing). Each command bakery runs is built here, by a named
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from bakery.errors import BuildError
@@ -70,11 +72,20 @@ def manifest_push(tag: str) -> list[str]:
     return [DOCKER, "manifest", "push", *_insecure(tag), "--purge", tag]
 
 
-def run(command: list[str]) -> None:
-    """Run one docker CLI command made here, its output going to the log as it comes; BuildError on failure."""
+def buildx_bake(bake_files: list[Path], target: str, *, settings: list[str], metadata_file: Path) -> list[str]:
+    """`docker buildx bake -f FILE... --set S... --metadata-file M TARGET` (paths made absolute, so the
+    command may run from the bake file's directory, where the contexts are relative to)."""
+    files = [arg for path in bake_files for arg in ("-f", str(Path(path).resolve()))]
+    return [DOCKER, "buildx", "bake", *files, *[arg for setting in settings for arg in ("--set", setting)],
+            "--metadata-file", str(Path(metadata_file).resolve()), target]
+
+
+def run(command: list[str], cwd: Path | None = None) -> None:
+    """Run one docker CLI command made here (from `cwd`), its output going to the log as it comes;
+    BuildError on failure."""
     if command[:1] != [DOCKER]:
         raise ValueError(f"not a docker command: {command[:2]}")
-    proc = subprocess.run(command, check=False)
+    proc = subprocess.run(command, cwd=cwd, check=False)
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(command[:4])} failed (exit {proc.returncode})")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -152,6 +153,27 @@ def finished_container(image: str, command: list[str], *, labels: dict[str, str]
         yield FinishedContainer(status=int(container.wait().get("StatusCode", -1)), handle=container)
     finally:
         container.remove(force=True)
+
+
+def archive_from_image(image: str, path: str, *, max_bytes: int) -> bytes | None:
+    """`path` in the local image `image`, as the tar archive the engine sends (what `docker cp` reads),
+    from a container that is created and removed but never started, so nothing in the image runs;
+    None when the image has no `path`, ValueError when the archive grows past `max_bytes`."""
+    # The entry point is never run (the container is not started); it only has to exist for create.
+    container = client().containers.create(image, entrypoint=["/bakery-never-runs"], network_disabled=True)
+    try:
+        try:
+            stream, _stat = container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        buffer = io.BytesIO()
+        for chunk in stream:
+            buffer.write(chunk)
+            if buffer.tell() > max_bytes:
+                raise ValueError(f"{path} in {image} is over {max_bytes} bytes")
+    finally:
+        container.remove(force=True)
+    return buffer.getvalue()
 
 
 # ---- registries, as the engine sees them -------------------------------------------------------------

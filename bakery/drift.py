@@ -10,7 +10,10 @@ line of MODEL_LOAD_LOG_MSG and MODEL_ERROR_LOG_MSGS in that source:
   (`INFO exited: <name>`) is always bakery's own;
 - a line listed with a `pattern` is found by that regular expression (for text the source builds, e.g.
   an exception Python prints as `RuntimeError: Engine ...`);
-- every other line must occur literally.
+- a line listed with a `file` counts only in a source file whose path ends with it (the file that prints
+  it), so a copy of the line elsewhere (an example app, another server in the same tree) cannot hide its
+  removal from the engine's own server;
+- every other line must occur literally somewhere in the source.
 
     python -m bakery.drift --engine vllm --source-dir ~/src/vllm     check against a checkout
     python -m bakery.drift --all --fetch                             clone each pinned tag (CI, network)
@@ -103,8 +106,18 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _search(root: Path, texts: dict[Path, str], needle: str | re.Pattern[str]) -> str | None:
+def _in_file(root: Path, path: Path, file: str | None) -> bool:
+    """Whether `path` is the declared file: its path below `root` ends with `file`, component by component."""
+    if file is None:
+        return True
+    parts, want = path.relative_to(root).parts, tuple(file.split("/"))
+    return parts[-len(want):] == want
+
+
+def _search(root: Path, texts: dict[Path, str], needle: str | re.Pattern[str], file: str | None = None) -> str | None:
     for path, text in texts.items():
+        if not _in_file(root, path, file):
+            continue
         if isinstance(needle, str):
             index = text.find(needle)
         else:
@@ -135,8 +148,10 @@ def check(spec: EngineSpec, source_dir: Path) -> list[Finding]:
             elif declared is not None and declared.origin is not None:
                 findings.append(Finding(variable, line, "origin", declared.origin))
             elif declared is not None and declared.pattern is not None:
-                where = _search(source_dir, texts, re.compile(declared.pattern))
+                where = _search(source_dir, texts, re.compile(declared.pattern), declared.file)
                 findings.append(Finding(variable, line, "pattern", where))
+            elif declared is not None:
+                findings.append(Finding(variable, line, "literal", _search(source_dir, texts, line, declared.file)))
             else:
                 findings.append(Finding(variable, line, "literal", _search(source_dir, texts, line)))
     return findings
@@ -157,13 +172,21 @@ def fetch(spec: EngineSpec, workdir: Path) -> Path:
     return target
 
 
+def _how(spec: EngineSpec, finding: Finding) -> str:
+    """How a missing line was looked for, as the failure names it."""
+    declared = spec.upstream.lines.get(finding.line)
+    how = f"pattern {declared.pattern!r}" if finding.how == "pattern" and declared else "literally"
+    if declared is not None and declared.file is not None:
+        how += f" in {declared.file}"
+    return how
+
+
 def report(spec: EngineSpec, findings: list[Finding]) -> tuple[list[str], list[str]]:
     """The report lines and, separately, one failure line per line that is gone."""
     head = f"{spec.name}: {repository(spec)}@{tag(spec)}"
     lines = [head, *(f"  {f.describe()}" for f in findings)]
     failures = [f"{spec.spec_path}: {f.variable}: {f.line!r} no longer occurs in {repository(spec)}@{tag(spec)} "
-                f"({'pattern ' + repr(spec.upstream.lines[f.line].pattern) if f.how == 'pattern' else 'literally'}); "
-                "fix the line, or declare where it comes from in upstream.lines"
+                f"({_how(spec, f)}); fix the line, or declare where it comes from in upstream.lines"
                 for f in findings if not f.found]
     return lines, failures
 

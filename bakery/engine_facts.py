@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bakery.spec import EXIT_LINE, EngineSpec, LocalRoute, available_engines, load_engine
+from bakery.spec import EXIT_LINE, EngineSpec, LocalLongAnswer, LocalRoute, available_engines, load_engine
 
 # The variable every engine's model id may also come from, before the engine's own (upstream's name).
 MODEL_NAME_VAR = "MODEL_NAME"
@@ -46,6 +46,7 @@ class EngineFacts:
     local_model: str | None  # the model that local base serves
     fail_load_env: dict[str, str] = field(default_factory=dict)  # launch overrides that make loading fail
     local_route: LocalRoute | None = None  # a non-default route the local base serves (base.local_route)
+    long_answer: LocalLongAnswer | None = None  # a streamed answer in flight for seconds (base.local_long_answer)
 
     def launch_env(self) -> dict[str, str]:
         """The engine part of a launch on the local base: the model variable set to the model it serves."""
@@ -87,6 +88,7 @@ def facts(spec: EngineSpec) -> EngineFacts:
         local_model=spec.base.local_model,
         fail_load_env=fail_env,
         local_route=spec.base.local_route,
+        long_answer=spec.base.local_long_answer,
     )
 
 

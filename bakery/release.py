@@ -6,6 +6,10 @@ The release path, one platform per job, then one manifest job per release (.gith
     python -m bakery.release verify --push ...          gate THAT image (by id = config digest); only on a
                                                         pass: tag it <most specific tag>-<arch>, push, and
                                                         write a verified record {image id, pushed digest}
+        --provenance --override ci.json                 push with buildx and the builder's provenance
+                                                        instead, and record only once the pushed index
+                                                        is read back to hold that image (provenance.py)
+    python -m bakery.release sbom --record R --out F    the recorded image's SBOM, as the gate checked it
     python -m bakery.release assemble RECORDS...        check every pushed digest's config IS the verified
                                                         image id, then `docker buildx imagetools create`
                                                         the release tags from those digests only
@@ -35,6 +39,7 @@ from bakery.bakefile import BASE_DIGEST_LABEL, BASE_NAME_LABEL, pinned_digest, r
 from bakery.errors import BakeryError, BuildError, InputError, VerificationError
 from bakery.image_ref import SHA256_DIGEST as DIGEST
 from bakery.plan import BuildOptions, choose_base, platforms_for
+from bakery.provenance import is_attestation, push_with_provenance, read_back
 from bakery.spec import available_engines, load_engine
 from bakery.tags import check_repository, has_commit, release_tags, repository_prefix
 
@@ -61,6 +66,10 @@ class VerifiedRecord:
     version: int = RECORD_VERSION
     base_image: str = ""  # the base the image was built on (its org.opencontainers.image.base.name)
     base_digest: str = ""  # the digest that base resolved to at build time (org.opencontainers.image.base.digest)
+    # A push with provenance (bakery.provenance): the index buildx pushed (`digest` is the platform
+    # manifest inside it) and the attestation manifest in it that carries the builder's provenance.
+    index_digest: str = ""
+    attestation_digest: str = ""
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -136,11 +145,14 @@ def built_base(image_id: str, target: str, *, required: bool) -> tuple[str, str]
 
 def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = False,
                   metadata_file: Path | None = None, gate: Callable[..., Any] | None = None,
-                  rehearsal: bool = False) -> VerifiedRecord:
+                  rehearsal: bool = False, provenance_overrides: list[Path] | None = None) -> VerifiedRecord:
     """Gate the image a bake target built; on a pass tag it (and push it), and write its record.
 
     Raises VerificationError when the gate fails: then nothing is tagged, pushed or recorded.
     Only production builds are pushed, unless `rehearsal` (a local build, whose tags say `-local`).
+    `provenance_overrides` (the override bake files the image was built with): push with buildx and
+    the builder's provenance instead of `docker push`, and record only once the pushed index is read
+    back and its platform manifest's config is the verified image id (bakery.provenance).
     """
     from bakery.publish import push_verified, tag_verified
 
@@ -166,7 +178,13 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
                             repository=repository, revision=revision, image_id=image_id,
                             checks_run=result.ran, tags=tags, base_image=base_image, base_digest=base_digest)
-    if push:
+    if push and provenance_overrides is not None:
+        pushed_image = push_with_provenance(bake_file, provenance_overrides, target, repository=repository,
+                                            platform=platform, image_id=image_id, tag=tags[0], progress=_say)
+        record.pushed_ref, record.digest = tags[0], pushed_image.manifest_digest
+        record.index_digest, record.attestation_digest = pushed_image.index_digest, pushed_image.attestation_digest
+        _say(f"{target}: pushed verified {image_id[:19]} with provenance as {repository}@{record.index_digest}")
+    elif push:
         pushed = push_verified(image_id, tags, verified=True, progress=_say)[0]
         record.pushed_ref, record.digest = pushed.ref, pushed.digest
         _say(f"{target}: pushed verified {image_id[:19]} as {repository}@{pushed.digest}")
@@ -243,7 +261,10 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
         tags = release_tags(spec, repository=repository_prefix(repository, spec), variant=variant, revision=revision)
         ordered = sorted(group, key=lambda r: r.platform)
         pinned = tags[0] if has_commit(revision) else None
-        plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.digest}" for r in ordered], pinned))
+        # A record pushed with provenance lists its index, so the release index carries each platform's
+        # attestation manifest too (imagetools create merges the entries of index sources).
+        plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.index_digest or r.digest}" for r in ordered],
+                                  pinned))
     return plans
 
 
@@ -253,6 +274,13 @@ def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[s
     published over the verified image after the gate ran)."""
     for record in records:
         ref = f"{record.repository}@{record.digest}"
+        if record.index_digest:
+            pushed = read_back(record.repository, record.index_digest, platform=record.platform,
+                               image_id=record.image_id, inspect=inspect)
+            if (pushed.manifest_digest, pushed.attestation_digest) != (record.digest, record.attestation_digest):
+                raise VerificationError(f"{record.repository}@{record.index_digest} lists {pushed.manifest_digest} and "
+                                        f"{pushed.attestation_digest}, not the recorded {record.digest} and "
+                                        f"{record.attestation_digest}; refusing to publish it")
         manifest = inspect(ref)
         if manifest is None:
             raise VerificationError(f"{ref} is not in the registry")
@@ -261,9 +289,12 @@ def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[s
             raise VerificationError(f"{ref} holds config {config}, not the verified image {record.image_id}: "
                                     "refusing to publish it")
         if record.pushed_ref:
+            # A provenance push tagged its index (a carbon copy); a plain push tagged the manifest.
+            expected = inspect(f"{record.repository}@{record.index_digest}") if record.index_digest else manifest
             at_tag = inspect(record.pushed_ref)
-            if at_tag != manifest:
-                raise VerificationError(f"{record.pushed_ref} no longer holds the verified {record.digest} (it holds "
+            if at_tag != expected:
+                held = record.index_digest or record.digest
+                raise VerificationError(f"{record.pushed_ref} no longer holds the verified {held} (it holds "
                                         f"{_describe(at_tag)}): moved after the gate ran; refusing to publish")
 
 
@@ -276,17 +307,20 @@ def _holds(found: dict[str, Any] | None, group: list[VerifiedRecord]) -> bool:
     if found is None:
         return False
     if "manifests" in found:
-        return index_entries(found) == {r.digest: r.platform for r in group}
+        attested = {d.get("digest") for d in found["manifests"] if is_attestation(d)}
+        return index_entries(found) == {r.digest: r.platform for r in group} and \
+            all(r.attestation_digest in attested for r in group if r.attestation_digest)
     return len(group) == 1 and (found.get("config") or {}).get("digest") == group[0].image_id
 
 
 def index_entries(index: dict[str, Any]) -> dict[str, str]:
-    """{digest: "os/arch"} of a manifest list or OCI index: what both tools must agree on.
+    """{digest: "os/arch"} of the images a manifest list or OCI index lists: what both tools must agree on.
 
-    A CPU variant (arm64's `v8`) is left out: the records name platforms as `linux/arm64`.
+    A CPU variant (arm64's `v8`) is left out: the records name platforms as `linux/arm64`. Attestation
+    manifests (platform unknown/unknown, bakery.provenance) are not images and are left out too.
     """
     return {str(m.get("digest")): "/".join(str((m.get("platform") or {}).get(k)) for k in ("os", "architecture"))
-            for m in index.get("manifests", [])}
+            for m in index.get("manifests", []) if not is_attestation(m)}
 
 
 def _describe(found: dict[str, Any] | None) -> str:
@@ -309,6 +343,9 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
     if tool not in INSPECT:
         raise InputError(f"--tool {tool}: use one of {', '.join(INSPECT)}")
     plans = plan_manifests(records, allow_partial=allow_partial, variant=variant)
+    if tool == "manifest" and any(r.index_digest for r in records):
+        raise InputError("--tool manifest: `docker manifest create` takes no index as a source, and these records "
+                         "were pushed with provenance as indexes; assemble them with --tool imagetools")
     if tool == "manifest" and inspect is None:
         docker_cli.forget_local_lists([tag for plan in plans for tag in plan.tags])
     inspect = inspect or INSPECT[tool]
@@ -333,11 +370,30 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
     return plans
 
 
+# ---- the SBOM published with a release ------------------------------------------------------------
+
+
+def write_sbom(out: Path, *, record: Path | None = None, image: str | None = None) -> dict[str, Any]:
+    """Write the SBOM of the image a verified record names (or of `image`) to `out`, as the image holds
+    it; refuses (VerificationError) an image without /opt/bakery/sbom.cdx.json or with an invalid one."""
+    from bakery.sbom import export_sbom
+
+    if record is not None:
+        image = VerifiedRecord.read(record).image_id
+    if not image:
+        raise InputError("give --record FILE or --image REF: the verified image whose SBOM to write")
+    written = export_sbom(image, out)
+    label = image[:19] if image.startswith("sha256:") else image
+    _say(f"{label}: wrote its SBOM {out} (CycloneDX {written['specVersion']}, {written['components']} components, "
+         f"{written['sha256']})")
+    return written
+
+
 # ---- command line ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bakery.release matrix|verify|assemble`; exit 0 ok, 1 failed gate/build, 2 bad input."""
+    """`python -m bakery.release matrix|verify|assemble|sbom`; exit 0 ok, 1 failed gate/build, 2 bad input."""
     parser = argparse.ArgumentParser(prog="python -m bakery.release", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     mx = sub.add_parser("matrix", help="print the GitHub Actions matrix (JSON) of bake targets")
@@ -351,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     vf.add_argument("--records", type=Path, required=True, help="directory for the verified record")
     vf.add_argument("--rehearsal", action="store_true",
                     help="with --push: also push a local build (its tags carry -local), to rehearse a release")
+    vf.add_argument("--provenance", action="store_true",
+                    help="with --push: push with `docker buildx bake` and the builder's provenance attestation "
+                         "(needs buildx), read the pushed index back and record it only if its config is the "
+                         "verified image id")
+    vf.add_argument("--override", action="append", type=Path, default=[],
+                    help="with --provenance: an override bake file the image was built with (repeatable, in order)")
+    sb = sub.add_parser("sbom", help="write a verified image's SBOM (/opt/bakery/sbom.cdx.json) to a file; "
+                                     "refuses an image without one or with one that is not CycloneDX JSON")
+    which = sb.add_mutually_exclusive_group(required=True)
+    which.add_argument("--record", type=Path, help="a verified record: the image it names (by id)")
+    which.add_argument("--image", help="an image id or tag on the local Docker engine")
+    sb.add_argument("--out", type=Path, required=True, help="where to write the SBOM (JSON)")
     asm = sub.add_parser("assemble", help="create release tags from verified records only")
     asm.add_argument("records", nargs="+", type=Path, help="record files or directories of them")
     asm.add_argument("--dry-run", action="store_true", help="check and print the commands, create nothing")
@@ -365,8 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "matrix":
             print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
         elif args.command == "verify":
+            if (args.provenance or args.override) and not (args.push and args.provenance):
+                raise InputError("--provenance is a way to --push, and --override goes with --provenance: "
+                                 "use --push --provenance [--override FILE ...]")
             verify_target(args.bake_file, args.target, records=args.records, push=args.push,
-                          metadata_file=args.metadata_file, rehearsal=args.rehearsal)
+                          metadata_file=args.metadata_file, rehearsal=args.rehearsal,
+                          provenance_overrides=args.override if args.provenance else None)
+        elif args.command == "sbom":
+            write_sbom(args.out, record=args.record, image=args.image)
         else:
             files = [f for p in args.records for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
             assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial,

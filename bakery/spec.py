@@ -103,6 +103,25 @@ class LocalRoute(_Strict):
         return value
 
 
+class LocalLongAnswer(_Strict):
+    """A streamed chat answer that stays in flight for seconds on the local base: the gate's drain
+    check stops the container while it streams, and the answer must still arrive whole."""
+
+    env: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict, description="launch variables that make the answer long (a stand-in's token delay)")
+    payload: dict[StrictStr, Any] = Field(
+        default_factory=dict, description="fields added to the streamed chat request (max_tokens, ...)")
+    tokens: int = Field(gt=0, description="the completion_tokens the answer's usage chunk must report")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env.{name}: not a valid environment variable name")
+        return value
+
+
 class BaseImage(_Strict):
     """The production base image and where it runs."""
 
@@ -119,6 +138,9 @@ class BaseImage(_Strict):
     )
     local_route: LocalRoute | None = Field(
         default=None, description="a non-default route the gate proves on the local base (none: that check skips)"
+    )
+    local_long_answer: LocalLongAnswer | None = Field(
+        default=None, description="a streamed answer in flight for seconds on the local base (the drain check)"
     )
 
     @field_validator("image")
@@ -147,7 +169,7 @@ class BaseImage(_Strict):
     @model_validator(mode="after")
     def _local_facts(self) -> BaseImage:
         if self.local is not None:
-            for key in ("local_model", "local_fail_load"):
+            for key in ("local_model", "local_fail_load", "local_long_answer"):
                 if getattr(self, key) is None:
                     raise ValueError(f"{key}: required with base.local (the gate launches the local base with it)")
         return self
@@ -212,16 +234,26 @@ EXIT_LINE = "INFO exited: {name}"
 
 
 class LineSource(_Strict):
-    """Where one baked log line is found: written by someone other than the engine, or a source pattern."""
+    """Where one baked log line is found: written by someone other than the engine, or in the engine's source
+    (by a pattern, and/or only in the file that prints it)."""
 
     origin: StrictStr | None = Field(default=None, description=f"one of {', '.join(LINE_ORIGINS)}")
     pattern: StrictStr | None = Field(default=None, description="a regular expression found in the engine's source")
+    file: StrictStr | None = Field(
+        default=None, description="the source file that prints the line, as the end of its path (e.g. "
+                                  "tools/server/server.cpp): the line counts only there"
+    )
     why: StrictStr | None = None
 
     @model_validator(mode="after")
     def _one(self) -> LineSource:
-        if (self.origin is None) == (self.pattern is None):
-            raise ValueError("set exactly one of origin (who writes the line) or pattern (how the source holds it)")
+        if (self.origin is None) == (self.pattern is None and self.file is None):
+            raise ValueError("set either origin (who writes the line) or pattern and/or file (where the engine's "
+                             "source holds it)")
+        if self.file is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*", self.file)
+                                      or ".." in self.file.split("/")):
+            raise ValueError(f"file {self.file!r}: a relative path inside the source tree "
+                             "(e.g. tools/server/server.cpp)")
         if self.origin is not None and self.origin not in LINE_ORIGINS:
             raise ValueError(f"origin {self.origin!r}: choose one of {', '.join(LINE_ORIGINS)}")
         if self.pattern is not None:
@@ -229,6 +261,35 @@ class LineSource(_Strict):
                 re.compile(self.pattern)
             except re.error as exc:
                 raise ValueError(f"pattern {self.pattern!r}: not a regular expression: {exc}") from None
+        return self
+
+
+class ReleaseFeed(_Strict):
+    """Where the engine announces its releases, and how the spec spells one (python -m bakery.bump)."""
+
+    pypi: StrictStr | None = Field(default=None, description="the PyPI project whose releases are the engine's")
+    registry: StrictStr | None = Field(
+        default=None, description="an image repository (host/owner/name) whose tags announce the engine's builds"
+    )
+    tag: StrictStr | None = Field(default=None, description="with registry: a build's tag, e.g. server-b{release}")
+    version: StrictStr = Field(default="{release}", description="how `version` spells a release, e.g. v{release}")
+
+    @model_validator(mode="after")
+    def _one_feed(self) -> ReleaseFeed:
+        if (self.pypi is None) == (self.registry is None):
+            raise ValueError("set exactly one of pypi (a PyPI project) or registry (an image repository)")
+        if self.pypi is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.pypi):
+            raise ValueError(f"pypi {self.pypi!r}: not a PyPI project name")
+        if self.pypi is not None and self.tag is not None:
+            raise ValueError("tag: only with registry (a PyPI release names no image tag)")
+        if self.registry is not None:
+            if not re.fullmatch(r"[a-z0-9.-]+(?::\d+)?(?:/[a-z0-9._-]+)+", self.registry):
+                raise ValueError(f"registry {self.registry!r}: must be host/owner/name "
+                                 "(e.g. ghcr.io/ggml-org/llama.cpp)")
+            if self.tag is None or self.tag.count("{release}") != 1:
+                raise ValueError("tag: with registry, the build's tag with {release} once (e.g. server-b{release})")
+        if self.version.count("{release}") != 1:
+            raise ValueError(f"version {self.version!r}: must hold {{release}} once (e.g. v{{release}})")
         return self
 
 
@@ -240,6 +301,7 @@ class Upstream(_Strict):
     )
     tag: StrictStr | None = Field(default=None, description="the git tag of the pinned release; default: version")
     lines: dict[StrictStr, LineSource] = Field(default_factory=dict)
+    releases: ReleaseFeed | None = Field(default=None, description="the release feed bakery.bump follows")
 
     @field_validator("repository")
     @classmethod

@@ -1,14 +1,14 @@
 """The tag scheme: computed from the spec, the bakery version, the base variant, the commit and the platform.
 
-For engine `llama` at engine version `b6550`, bakery 0.1.0, commit abc1234, repository `bakery`:
+For engine `llama` at engine version `b11434`, bakery 0.1.0, commit abc1234, repository `bakery`:
 
 | tag | moves when | use it to |
 |---|---|---|
-| `bakery/llama:b6550-bakery0.1.0-gabc1234` | never (one commit's build) | pin an exact build |
-| `bakery/llama:b6550-bakery0.1.0` | a rebuild of the same versions | pin engine + bakery versions |
-| `bakery/llama:b6550` | a new bakery release | follow bakery fixes for one engine version |
+| `bakery/llama:b11434-bakery0.1.0-gabc1234` | never (one commit's build) | pin an exact build |
+| `bakery/llama:b11434-bakery0.1.0` | a rebuild of the same versions | pin engine + bakery versions |
+| `bakery/llama:b11434` | a new bakery release | follow bakery fixes for one engine version |
 | `bakery/llama:latest` | any release | try things out (production base only) |
-| `bakery/llama:b6550-bakery0.1.0-gabc1234-arm64` | never | pin one architecture's verified image |
+| `bakery/llama:b11434-bakery0.1.0-gabc1234-arm64` | never | pin one architecture's verified image |
 
 An image built on another base than the spec's production one gets the variant in every tag
 (`-local` for this machine's bases, `-custom` for --base-image) and never `latest`, so a stand-in
@@ -16,7 +16,7 @@ build can never be mistaken for a production one. A build from a dirty tree or o
 commit tag (its revision label says `-dirty` / `unknown`).
 
 Release tags go only to an image that passed the gate (bakery.publish). Before that, a build made
-from a bake file carries one **candidate** tag (`bakery/llama:candidate-b6550-bakery0.1.0-gabc1234-amd64`)
+from a bake file carries one **candidate** tag (`bakery/llama:candidate-b11434-bakery0.1.0-gabc1234-amd64`)
 that no release tag ever equals, so an unverified image can never be mistaken for a release.
 The strongest pin is the digest (`bakery/llama@sha256:...`), which `build.py --push` prints.
 """

@@ -39,12 +39,13 @@ from typing import Any
 
 import docker
 import docker.errors
+import testinfra
 
 from bakery.artifacts import pip_download
 from bakery.paths import cache_path
 from bakery.spec import EngineSpec
 from bakery.wheelhouse import platform_tags
-from tests.image.launch import serverless_env
+from tests.image.launch import Launched, controlplane_archive, is_ready_report, serverless_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 IN_CONTAINER = "/opt/bakery-bench"  # where bench/ is mounted (read-only) in load-test containers
@@ -135,6 +136,17 @@ class BootRun:
     load_to_ready: float | None = None
     listening_before_load: bool | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds from the start call, per milestone
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RoutableRun:
+    """One boot as the platform launches it, timed to what the platform routes on (seconds from the
+    start call; None: not seen within the timeout)."""
+
+    variant: str
+    start_to_key: float | None = None  # the control plane served the public key (the worker asked for it)
+    start_to_routable: float | None = None  # the first /worker_status/ report with loadtime > 0, max_perf > 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -261,6 +273,51 @@ class Boots:
         finally:
             if logs is not None:
                 logs.close()
+            self.remove(container)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return result
+
+    def routable(self, variant: str, *, key_pem: bytes, wheels: Path | None = None,
+                 timeout: float = 300.0) -> RoutableRun:
+        """Boot one container as the platform launches it (security on; the control-plane stand-in
+        inside it, its key made beforehand, as a real control plane's is) and time container start ->
+        the first status report that says loaded, as the stand-in recorded it (its own clock: the
+        host's). `upstream`: the worker installed at boot, as in boot()."""
+        env = serverless_env(self.spec)
+        volumes: dict[str, dict[str, str]] = {}
+        run_dir = Path(tempfile.mkdtemp(prefix=f"routable-{variant}-", dir=self.tmp))
+        if variant == "upstream":
+            assert wheels is not None
+            script = run_dir / "upstream-python"
+            script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=SDK_REQUIREMENT))
+            script.chmod(0o755)
+            volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
+            volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
+            env["WORKER_PYTHON"] = f"{IN_CONTAINER}/upstream-python"
+        container = self._create(f"routable-{variant}", env, volumes)
+        container.put_archive("/tmp", controlplane_archive(key_pem))
+        result = RoutableRun(variant)
+        try:
+            launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"))
+            t0 = time.time()
+            container.start()
+            launched.start_controlplane()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ready = [r for r in launched.records("/worker_status/") if is_ready_report(r.get("body"))]
+                if ready:
+                    result.start_to_routable = float(ready[0]["time"]) - t0
+                    break
+                if not launched.running():
+                    break
+                time.sleep(0.25)
+            keys = [r for r in launched.records("/pubkey/") if r.get("status") == 200]
+            if keys:
+                result.start_to_key = float(keys[0]["time"]) - t0
+            if result.start_to_routable is None:
+                result.notes.append(f"routable {variant}: no loaded report within {timeout:.0f} s; last output:\n"
+                                    f"{launched.logs()[-1500:]}")
+        finally:
             self.remove(container)
             shutil.rmtree(run_dir, ignore_errors=True)
         return result

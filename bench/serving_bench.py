@@ -3,7 +3,7 @@
 
     python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20]
 
-PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report.
+PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable.
 
 - stream_llama: the real llama.cpp (xllamacpp, SmolLM2, 1 thread), 150 tokens streamed (greedy,
   ignore_eos), N requests straight to the engine and N through the worker, alternating. Time to first
@@ -16,6 +16,12 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
 - report: in each drain cycle, from the engine's load line (appended to MODEL_LOG once the worker
   listens, the engine already serving) to the SDK's "marking model as loaded" line and to the first
   /worker_status/ report with loadtime > 0 and max_perf > 0 at a report server on loopback.
+- routable (Docker): container start -> the first /worker_status/ report with loadtime > 0 and
+  max_perf > 0, as the platform routes on it: the llama image (real llama.cpp, SmolLM2) and the vLLM
+  stand-in image on their local bases, each launched as the platform launches it (security on, the
+  control-plane stand-in of tests/controlplane inside the container, its key made beforehand), N
+  boots of ours and N of the upstream boot path emulated (bench/boot_bench.py: a fresh venv and the
+  SDK pip-installed from a local wheelhouse at every boot), alternating. Ratio upstream / ours.
 
 Before each part the share of idle CPU over 1 s is printed: this machine's 2 cores are shared, so a
 low share marks figures as provisional. Nothing is asserted; it reports.
@@ -52,7 +58,8 @@ from tests.worker.helpers import (  # noqa: E402
 )
 from tests.worker.serving import envelope, start_served, start_standin  # noqa: E402
 
-PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report")
+PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report", "routable")
+ROUTABLE_ENGINES = ("llama", "vllm")
 PER_TOKEN_20MS = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": "50"}  # a 1 s streamed answer
 ANSWER_50MS = {"STANDIN_TOKEN_DELAY": "0.005", "STANDIN_REPLY_TOKENS": "10"}  # 50 ms, not streamed
 LOAD_LINE = "(APIServer pid=1) INFO:     Application startup complete.\n"  # the vLLM stand-in's ready line
@@ -367,6 +374,54 @@ def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: 
             proc.stop()
 
 
+def part_routable(runs: int, worker_python: Path) -> None:
+    """Container start -> routable, ours vs the upstream boot path emulated, on each ROUTABLE_ENGINES image."""
+    import subprocess
+
+    import docker
+    from boot_bench import Boots, upstream_wheelhouse
+
+    from bakery import bases
+    from bakery.builder import build_image
+    from bakery.render import RenderOptions, render
+    from bakery.spec import load_engine
+
+    code = "from Crypto.PublicKey import RSA; print(RSA.generate(2048).export_key().decode())"
+    key_pem = subprocess.run([str(worker_python), "-c", code], capture_output=True, check=True).stdout
+    wheels = upstream_wheelhouse("3.11")
+    client = docker.from_env()
+    bases.ensure_base("debian")
+    for engine in ROUTABLE_ENGINES:
+        spec = load_engine(engine)
+        image = build_image(render(spec, RenderOptions(base_image=bases.ensure_base(spec.base.local))),
+                            lambda _m: None).image_id
+        boots = Boots(client, image, spec)
+        seen: dict[str, list[float]] = {"ours": [], "upstream": []}
+        keys: dict[str, list[float]] = {"ours": [], "upstream": []}
+        try:
+            for run in range(runs):
+                for variant in (("ours", "upstream") if run % 2 == 0 else ("upstream", "ours")):
+                    idle = cpu_idle()
+                    result = boots.routable(variant, key_pem=key_pem, wheels=wheels)
+                    for note in result.notes:
+                        say(note)
+                    say(f"routable {engine} {variant} run {run + 1}: start -> key {result.start_to_key} s, "
+                        f"-> routable {result.start_to_routable} s (idle before {idle:.0%})")
+                    if result.start_to_routable is not None:
+                        seen[variant].append(result.start_to_routable)
+                    if result.start_to_key is not None:
+                        keys[variant].append(result.start_to_key)
+        finally:
+            boots.close()
+        ours, up = p50(seen["ours"]), p50(seen["upstream"])
+        say(f"routable {engine}: container start -> routable p50 ours {ours:.2f} s "
+            f"[{min(seen['ours'], default=float('nan')):.2f}, {max(seen['ours'], default=float('nan')):.2f}] "
+            f"({len(seen['ours'])}/{runs}), upstream emulated {up:.2f} s "
+            f"[{min(seen['upstream'], default=float('nan')):.2f}, {max(seen['upstream'], default=float('nan')):.2f}] "
+            f"({len(seen['upstream'])}/{runs}); ratio upstream / ours {up / ours:.1f}x; "
+            f"start -> key served p50 ours {p50(keys['ours']):.2f} s, upstream {p50(keys['upstream']):.2f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(PARTS))
@@ -397,6 +452,8 @@ def main() -> int:
                 part_stream_standin(tmp, args.runs, worker_python, pubkey)
             elif part == "latency":
                 part_latency(tmp, args.runs, worker_python, pubkey)
+            elif part == "routable":
+                part_routable(args.runs, worker_python)
             elif part in ("drain", "report"):
                 part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
                            report="report" in parts)

@@ -13,8 +13,8 @@ from bakery.errors import BuildError, InputError
 def test_catalogue_names_refs_and_parents() -> None:
     assert list(bases.BASES) == ["debian", "debian-nopython", "vllm-standin", "sglang-standin", "llama-cpp"]
     assert bases.BASES["debian"].ref == "bakery-local/debian:bookworm"
-    assert bases.BASES["vllm-standin"].ref == "bakery-local/vllm-standin:0.11.0"
-    assert bases.BASES["sglang-standin"].ref == "bakery-local/sglang-standin:0.5.4"
+    assert bases.BASES["vllm-standin"].ref == "bakery-local/vllm-standin:0.33.0"
+    assert bases.BASES["sglang-standin"].ref == "bakery-local/sglang-standin:0.5.23"
     assert bases.BASES["llama-cpp"].ref == f"bakery-local/llama-cpp:{bases.XLLAMACPP_VERSION}"
     for base in bases.BASES.values():
         assert base.description

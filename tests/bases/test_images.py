@@ -164,7 +164,7 @@ def test_vllm_standin_serves_under_vllm_serve(docker_client: Any, vllm_image: st
                      environment={"STANDIN_LOAD_SECONDS": "1"})
     wait_for(lambda: "Application startup complete." in logs(box), 30, "vLLM's ready line")
     text = logs(box)
-    assert "vLLM API server version 0.11.0+standin" in text
+    assert "█  version 0.33.0+standin" in text
     assert f"Starting vLLM server on http://127.0.0.1:{ENGINE_PORT}" in text
     assert "'--gpu-memory-utilization', '0.9'" in text
     assert probe(box, "/health")[0] == 200

@@ -62,6 +62,21 @@ def core() -> Any:
     return module
 
 
+def test_vllm_multiline_record_is_joined_by_crlf(capsys: Any) -> None:
+    # vLLM's NewLineFormatter joins a record's lines with "\r\n" + prefix: the bytes the worker reads.
+    sys.path.insert(0, str(STANDIN_DIR))
+    try:
+        from bakery_standin.vllm_engine import VllmProfile
+    finally:
+        sys.path.remove(str(STANDIN_DIR))
+    VllmProfile().log("ERROR", "core.py:1584", "EngineCore failed to start.\nTraceback (most recent call last):",
+                      "EngineCore")
+    out = capsys.readouterr().out
+    first, second = out.split("\r\n")
+    assert first.startswith("(EngineCore pid=") and first.endswith("[core.py:1584] EngineCore failed to start.")
+    assert second == first.replace("EngineCore failed to start.", "Traceback (most recent call last):") + "\n"
+
+
 def test_tolerant_parser_keeps_unknown_args_and_values(core: Any) -> None:
     flags = [core.Flag(("--port",)), core.Flag(("--trust-remote-code",), 0, used=False),
              core.Flag(("--served-model-name",), "+")]
@@ -113,12 +128,18 @@ def test_bad_switch_is_a_usage_error(core: Any, env: dict[str, str]) -> None:
 
 def test_vllm_port_closed_until_ready_then_health_200(standin: Any) -> None:
     sp = standin(VLLM, {"STANDIN_LOAD_SECONDS": "1.5"})
-    sp.wait_line("vLLM API server version 0.11.0+standin")
+    sp.wait_line("█  version 0.33.0+standin")
     assert health(sp) is None  # bound, not listening: refused while loading
     sp.wait_line("Application startup complete.")
     assert health(sp) == 200
     text = sp.text
-    order = [text.index(s) for s in ("vLLM API server version", "bakery stand-in for vLLM",
+    # vLLM 0.33's logo: one record, each of its lines under the record's prefix (the "\r" of its "\r\n"
+    # joins is folded by the text-mode reader; test_vllm_multiline_record_is_joined_by_crlf checks it).
+    prefix = f"(APIServer pid={sp.proc.pid}) INFO "
+    logo = [line for line in text.splitlines() if "[startup.py:38]" in line]
+    assert len(logo) == 6 and all(line.startswith(prefix) for line in logo), logo
+    assert logo[2].endswith("█  version 0.33.0+standin") and logo[3].endswith("█  model   org/model-7b"), logo
+    order = [text.index(s) for s in ("version 0.33.0+standin", "bakery stand-in for vLLM",
                                      "Starting vLLM server on http://127.0.0.1:", "Application startup complete.")]
     assert order == sorted(order)
     assert f"(APIServer pid={sp.proc.pid}) INFO:     Application startup complete." in text
@@ -146,7 +167,7 @@ def test_vllm_completion_chat_and_streaming(standin: Any) -> None:
     assert first["choices"][0]["text"].startswith("Stand-in answer:")
     assert first["choices"][0]["finish_reason"] == "length"
     assert first["usage"]["completion_tokens"] == 6
-    assert first["system_fingerprint"] == "vllm-0.11.0+standin"
+    assert first["system_fingerprint"] == "vllm-0.33.0+standin"
 
     chat_body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 500}
     chat = post_json(sp, "/v1/chat/completions", chat_body)
@@ -229,7 +250,7 @@ def test_vllm_executable_version_and_help() -> None:
     vllm = str(STANDIN_DIR / "bin" / "vllm")
     out = subprocess.run([sys.executable, vllm, "--version"], capture_output=True, text=True, check=True,
                          timeout=30)
-    assert out.stdout.strip() == "0.11.0+standin"
+    assert out.stdout.strip() == "0.33.0+standin"
     out = subprocess.run([sys.executable, vllm, "serve", "--help"], capture_output=True, text=True, check=True,
                          timeout=30)
     assert "stand-in" in out.stdout
@@ -263,12 +284,12 @@ def test_sglang_health_503_while_warming_then_200(standin: Any) -> None:
     sp.wait_line("The server is fired up and ready to roll!")
     assert health(sp) == 200
     text = sp.text
-    assert text.index("Uvicorn running on") < text.index('"POST /generate HTTP/1.1" 200 OK') \
-        < text.index("The server is fired up and ready to roll!")
+    assert text.index("Uvicorn running on") < text.index('"GET /model_info HTTP/1.1" 200 OK') \
+        < text.index('"POST /generate HTTP/1.1" 200 OK') < text.index("The server is fired up and ready to roll!")
     assert '"GET /health HTTP/1.1" 503 Service Unavailable' in text
     answer = post_json(sp, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert answer["choices"][0]["message"]["content"].startswith("Stand-in answer:")
-    assert answer["system_fingerprint"] == "sglang-0.5.4+standin"
+    assert answer["system_fingerprint"] == "sglang-0.5.23+standin"
 
 
 def test_sglang_module_entrypoint_defaults_and_unknown_args(standin: Any) -> None:
@@ -278,7 +299,11 @@ def test_sglang_module_entrypoint_defaults_and_unknown_args(standin: Any) -> Non
     sp.wait_line("The server is fired up and ready to roll!")
     assert "host='127.0.0.1'" in sp.text
     assert "unknown args tolerated and ignored: ['--enable-foo']" in sp.text
-    assert json.loads(request(sp, "GET", "/get_model_info")[1])["model_path"] == "m"
+    assert json.loads(request(sp, "GET", "/model_info")[1])["model_path"] == "m"
+    # the 0.5.23 name of the route, and its deprecated old one, which warns
+    assert request(sp, "GET", "/ready")[0] == 200
+    assert json.loads(request(sp, "GET", "/get_model_info")[1])["served_model_name"] == "m"
+    sp.wait_line("Endpoint '/get_model_info' is deprecated and will be removed in a future version.")
 
 
 def test_sglang_requires_model_path(standin: Any) -> None:

@@ -161,6 +161,7 @@ SIDE_USERS = {
     "latekey": {"test_requests_get_503_until_ready", "test_key_served_late_is_picked_up"},
     "unsecured": {"test_unsecured_offline_serves_unsigned"},
     "route": {"test_local_route_served_signed"},
+    "drain": {"test_docker_stop_drains_on_the_signed_path"},
 }
 
 
@@ -197,6 +198,10 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
         # Only the spec's non-default route (base.local_route), served and benchmarked, with the
         # launch variables it needs: readiness then proves the engine serves it.
         return serverless_env(spec, **engine_facts.facts(spec).route_env()), {}
+    if name == "drain":
+        # The launch variables that make the spec's long answer long (base.local_long_answer).
+        long_answer = engine_facts.facts(spec).long_answer
+        return serverless_env(spec, **(long_answer.env if long_answer else {})), {}
     raise KeyError(name)
 
 

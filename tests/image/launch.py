@@ -55,6 +55,8 @@ GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
 WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
+SUPERVISORCTL = "/opt/bakery/venv/bin/supervisorctl"
+SUPERVISOR_CONF = "/run/bakery/supervisord.conf"  # written by the entry point (worker/boot/entrypoint.py)
 
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
@@ -80,14 +82,23 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _controlplane_archive() -> bytes:
-    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/."""
+def controlplane_archive(key_pem: bytes | None = None) -> bytes:
+    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/ (put into /tmp of
+    the container), with `key_pem` as the stand-in's private key when given (else it makes one at
+    start, which takes about a second)."""
     buf = io.BytesIO()
+    now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(CONTROLPLANE_SOURCE.glob("*.py")):
-            data = path.read_bytes()
-            info = tarfile.TarInfo(f"bakery-gate/controlplane/{path.name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        files = [(f"bakery-gate/controlplane/{path.name}", path.read_bytes(), 0o644)
+                 for path in sorted(CONTROLPLANE_SOURCE.glob("*.py"))]
+        if key_pem is not None:
+            state = tarfile.TarInfo("bakery-gate/state")
+            state.type, state.mode, state.mtime = tarfile.DIRTYPE, 0o700, now
+            tar.addfile(state)
+            files.append(("bakery-gate/state/key.pem", key_pem, 0o600))
+        for name, data, mode in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, now
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -208,6 +219,22 @@ class Launched:
         return [item for e in self.records("/delete_requests/") if isinstance(e.get("body"), dict)
                 for item in e["body"].get("requests") or [] if isinstance(item, dict)]
 
+    def engine_pid(self, program: str) -> int:
+        """The engine's process id, from supervisord (its program `program`); ask before any stop
+        begins (supervisord stops answering once it is shutting down)."""
+        result = self.container.exec_run([SUPERVISORCTL, "-c", SUPERVISOR_CONF, "pid", program])
+        text = result.output.decode(errors="replace").strip()
+        if result.exit_code != 0 or not text.isdigit() or int(text) <= 0:
+            raise RuntimeError(f"supervisord gave no pid for {program}: {text!r} (exit {result.exit_code})")
+        return int(text)
+
+    def signal_pid(self, pid: int, signal_name: str) -> None:
+        """Send SIG`signal_name` (STOP, CONT) to a process of the container: a check freezes the engine
+        to hold an answer in flight without racing it."""
+        result = self.container.exec_run(["/bin/sh", "-c", f"kill -{signal_name} {pid}"])
+        if result.exit_code != 0:
+            raise RuntimeError(f"could not send SIG{signal_name} to {pid}: {result.output.decode(errors='replace')}")
+
     def file_text(self, path: str) -> str:
         """A file's content inside the container ('' when absent)."""
         f = self.host.file(path)
@@ -224,7 +251,7 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
         labels={"ai.bakery.test": "1"},
     )
     if controlplane:
-        container.put_archive("/tmp", _controlplane_archive())
+        container.put_archive("/tmp", controlplane_archive())
     container.start()
     launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
                         controlplane=controlplane)

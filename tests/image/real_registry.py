@@ -209,20 +209,43 @@ def gate_once(image_id: str, engine: str, *, variant: str = "local", **kwargs: A
 
 def tiny_image(client: Any, content: str) -> str:
     """A one-file image (never verified by any gate) made with `docker import`; returns its id."""
+    return import_image(client, {"planted.txt": content.encode()})
+
+
+def import_image(client: Any, files: dict[str, bytes]) -> str:
+    """An image holding exactly `files` ({path: content}; never built, never gated), made with
+    `docker import`; returns its id."""
     import io
     import tarfile
 
-    data = content.encode()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("planted.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        for path, data in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     result = client.api.import_image_from_data(buffer.getvalue())
     image_id = json.loads(result.strip().splitlines()[-1])["status"] if isinstance(result, str) else None
     if not image_id:
         raise AssertionError(f"docker import returned {result!r}")
     return client.images.get(image_id).id
+
+
+@contextlib.contextmanager
+def planted_images(client: Any) -> Iterator[Callable[[dict[str, bytes]], str]]:
+    """make(files) -> the id of an imported image (import_image); every one is removed on exit."""
+    made: list[str] = []
+
+    def make(files: dict[str, bytes]) -> str:
+        made.append(import_image(client, files))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for image_id in made:
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(image_id, force=True)
 
 
 def push_as(client: Any, image_id: str, ref: str) -> str:

@@ -9,12 +9,16 @@ Each test is one named check; build.py reports the names of the ones that fail.
 from __future__ import annotations
 
 import base64
+import http.client
+import json
+import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
 
+from bakery.engine_facts import facts
 from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, SideLaunches
 from tests.image.launch import (
     CLIENT,
@@ -156,9 +160,15 @@ def test_request_outcomes_reported(serverless: Launched) -> None:
                **({"sign_url": FOREIGN_URL} if mode == "foreign" else {"signature": mode})}
               for idx, mode in refused.items()]
     cases.append({"name": "unreadable 306", "envelope": {"auth_data": {"request_idx": 306}}})
+    # A signed envelope the worker refuses itself (its payload is unusable): reported like the SDK's
+    # own refusals. The same unsigned names a request nobody vouches for: not reported.
+    cases.append({"name": "malformed signed 308", "request_idx": 308, "envelope": {"payload": None}})
+    cases.append({"name": "malformed unsigned 309", "request_idx": 309, "signature": "empty",
+                  "envelope": {"payload": None}})
     results = serverless.probe(cases)
     wrong = {n: r for n, r in results.items() if r["status"] != {"served": 200, "refused": 401}.get(n.split()[0], 422)}
     assert not wrong, f"requests not answered as expected (served 200, refused 401, unreadable 422):\n{_summary(wrong)}"
+    refused[308] = "malformed"
 
     def outcomes() -> dict[int, dict[str, Any]]:
         return {r["request_idx"]: r for r in serverless.deleted_requests() if isinstance(r.get("request_idx"), int)}
@@ -172,6 +182,34 @@ def test_request_outcomes_reported(serverless: Launched) -> None:
     wrong |= {i: seen[i] for i in refused if seen[i].get("success") is not False}
     assert not wrong, f"outcomes reported wrongly (served must be success, refused not): {wrong}"
     assert seen.get(306, {}).get("success") is not True, f"an unreadable envelope was reported as served: {seen[306]}"
+    assert 309 not in seen, f"an unsigned envelope's request_idx was reported: {seen[309]}"
+
+
+@pytest.mark.serve
+def test_forged_requests_add_no_load(serverless: Launched) -> None:
+    # The SDK counts a refused request's workload, computed from its (unsigned) payload, in the
+    # rejected load it reports: a forged request must add none, or anyone reaching :3000 could inflate
+    # the demand the autoscaler scales on. Its outcome is still reported as refused.
+    _ready(serverless)
+    start = len(serverless.reports())
+    huge = {"prompt": "x", "max_tokens": 10**9}  # counted at the workload's upper clamp
+    forged = serverless.probe([{"name": f"forged {idx}", "signature": "other-key", "payload": huge, "request_idx": idx}
+                               for idx in (311, 312, 313)])
+    assert all(r["status"] == 401 for r in forged.values()), _summary(forged)
+
+    def outcomes() -> set[int]:
+        return {r.get("request_idx") for r in serverless.deleted_requests()}
+
+    assert serverless.wait_for(lambda: {311, 312, 313} <= outcomes(), REPORT_WAIT, 0.5), \
+        f"the forged requests' outcomes never reached /delete_requests/: {sorted(i for i in outcomes() if i)}"
+    # A served request flags a status report for the next 1 s tick; every report since the forged
+    # ones were sent carries what they added to rej_load.
+    after = len(serverless.reports())
+    served = serverless.probe([{"name": "served", "payload": COMPLETION, "request_idx": 314}])["served"]
+    assert served["status"] == 200, served
+    assert serverless.wait_for(lambda: len(serverless.reports()) > after, REPORT_WAIT, 0.5), "no status report came"
+    loads = [r.get("rej_load") for r in serverless.reports()[start:]]
+    assert all(load == 0 for load in loads), f"forged requests counted as rejected load: {loads}"
 
 
 @pytest.mark.serve
@@ -289,6 +327,83 @@ def test_key_served_late_is_picked_up(side: SideLaunches) -> None:
     launched.container.reload()
     attrs = launched.container.attrs
     assert attrs["State"]["StartedAt"] == started and attrs.get("RestartCount", 0) == 0, "the container was restarted"
+
+
+# ---- stopping: docker stop, as the platform stops an instance --------------------------------------
+DOCKER_GRACE = 10  # `docker stop`'s default
+DRAIN_ROUTE = "/v1/chat/completions"
+
+
+def _signed_body(launched: Launched, payload: dict[str, Any], idx: int) -> bytes:
+    """A request body signed by the stand-in for the worker's own URL (made inside the container)."""
+    return launched.controlplane_cli("envelope", "--payload", json.dumps(payload), "--request-idx", str(idx)).encode()
+
+
+@pytest.mark.serve
+def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
+    # A long streamed answer is in flight when the container is stopped: it arrives whole, a request
+    # sent after the signal gets 503 + Retry-After, the stop fits Docker's grace with exit 0, the worker
+    # stops before the engine, and both outcomes reach the autoscaler before the worker exits.
+    # The engine is frozen (SIGSTOP) from its first event until the drain has begun, so the answer is
+    # in flight at the signal whatever the machine's speed; the rest of it must fit the drain time.
+    launched = side.get("drain")
+    program = facts(side.image.spec).program
+    engine = launched.engine_pid(program)
+    _ready(launched)
+    long_answer = facts(side.image.spec).long_answer
+    assert long_answer is not None, f"images/{side.image.engine}.yaml: base.local_long_answer is not set"
+    payload = {"messages": [{"role": "user", "content": "Tell a long story."}], "stream": True,
+               "stream_options": {"include_usage": True}, **long_answer.payload}
+    held, late_body = _signed_body(launched, payload, 901), _signed_body(
+        launched, {"messages": [{"role": "user", "content": "late"}], "max_tokens": 4}, 902)
+    launched.container.reload()
+    host = launched.container.attrs["NetworkSettings"]["IPAddress"]  # this test's own container
+    conn = http.client.HTTPConnection(host, 3000, timeout=60)
+    conn.request("POST", DRAIN_ROUTE, body=held, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200, response.read()[:500]
+    first = response.readline()
+    assert first.startswith(b"data: "), first
+    launched.signal_pid(engine, "STOP")
+
+    stop: dict[str, float] = {}
+
+    def docker_stop() -> None:
+        started = time.monotonic()
+        launched.container.stop(timeout=DOCKER_GRACE)
+        stop["seconds"] = time.monotonic() - started
+
+    stopper = threading.Thread(target=docker_stop)
+    stopper.start()
+    assert launched.wait_for(lambda: "draining, 1 request(s) in flight" in launched.logs(), 5, 0.05), \
+        launched.logs()[-3000:]
+    late = http.client.HTTPConnection(host, 3000, timeout=10)
+    late.request("POST", DRAIN_ROUTE, body=late_body, headers={"Content-Type": "application/json"})
+    refused = late.getresponse()
+    assert refused.status == 503 and refused.getheader("Retry-After"), (refused.status, refused.read())
+    late.close()
+    launched.signal_pid(engine, "CONT")
+
+    try:
+        rest = response.read()
+    except http.client.IncompleteRead as exc:  # the drain cut the answer: say why
+        stopper.join(DOCKER_GRACE + 20)
+        raise AssertionError(f"the answer in flight was cut after {len(first) + len(exc.partial)} bytes:\n"
+                             f"{launched.logs()[-3000:]}") from None
+    conn.close()
+    stopper.join(DOCKER_GRACE + 20)
+    events = [e for e in (first + rest).split(b"\n\n") if e.strip()]
+    assert events[-1].strip() == b"data: [DONE]", events[-3:]
+    usage = json.loads(events[-2].strip()[len(b"data: "):])
+    assert usage["usage"]["completion_tokens"] == long_answer.tokens, usage
+    assert launched.exit_code() == 0, launched.logs()[-3000:]
+    assert stop["seconds"] < DOCKER_GRACE, stop  # no SIGKILL: the drain and the engine's stop fit the grace
+    logs = launched.logs()
+    assert "drained in" in logs and logs.index("stopped: worker (exit status 0)") < \
+        logs.index(f"stopped: {program}"), logs[-3000:]
+    outcomes = {r.get("request_idx"): r for r in launched.deleted_requests()}
+    assert outcomes.get(901, {}).get("success") is True, f"the drained answer's outcome was not reported: {outcomes}"
+    assert outcomes.get(902, {}).get("status") == "Rejected", f"the 503's outcome was not reported: {outcomes}"
 
 
 # ---- offline --------------------------------------------------------------------------------------

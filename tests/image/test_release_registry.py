@@ -14,12 +14,10 @@ imagetools makes of the same sources.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker.errors
 import pytest
 
 import bakery.builder
@@ -36,13 +34,13 @@ from tests.image.real_registry import (
     gate_once,
     keep,
     own_context_dir,
+    planted_images,
     push_as,
     remove_tags,
     running_registry,
     skopeo_config,
     skopeo_raw,
     skopeo_tags,
-    tiny_image,
 )
 
 ENGINE = "vllm"
@@ -96,16 +94,8 @@ def assemble_cli(capsys: pytest.CaptureFixture, *records: Path) -> tuple[int, li
 @pytest.fixture
 def plant(docker_client) -> Iterator:
     """plant(text) -> the id of a tiny image no gate ever saw; removed (with its tags) afterwards."""
-    made: list[str] = []
-
-    def make(text: str) -> str:
-        made.append(tiny_image(docker_client, text))
-        return made[-1]
-
-    yield make
-    for image_id in made:
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            docker_client.images.remove(image_id, force=True)
+    with planted_images(docker_client) as make:
+        yield lambda text: make({"planted.txt": text.encode()})
 
 
 def shared_tags(record: VerifiedRecord) -> list[str]:

@@ -74,7 +74,8 @@ def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fa
         spec = load_engine(engine)
         assert target["context"] == f"contexts/{name}" and target["dockerfile"] == "Dockerfile"
         assert target["platforms"] == [platform]
-        assert target["args"] == ARGS
+        # SOURCE_DATE_EPOCH is the `created` label's time, so BuildKit stamps the config with it too.
+        assert target["args"] == {**ARGS, "SOURCE_DATE_EPOCH": "1767323045"}
         assert target["labels"] == {"ai.bakery.variant": "production", "ai.bakery.target": name,
                                     "ai.bakery.bakery-version": __version__}
         arch = platform.split("/")[1]

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bakery.spec import IMAGES_DIR, REPO_ROOT
+from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine
+
+# The llama spec's pinned lines, read from the spec so a version bump keeps the mutations applicable.
+LLAMA = load_engine("llama")
+LLAMA_VERSION_LINE = f"version: {LLAMA.version}"
+LLAMA_IMAGE_LINE = f"image: {LLAMA.base.image}"
 
 
 def run(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
@@ -80,7 +85,7 @@ def run_with_images(images: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("change, fragments", [
     (lambda t: t + "\n  oops: [\n", ("llama.yaml:", "invalid YAML")),
     (lambda t: t.replace("  expose: [3000]", "  expose: [3000]\n  exposed: [3000]"), ("bake.exposed: unknown key",)),
-    (lambda t: t.replace("version: b6550", "version: 6550"), ("version: must be a string",)),
+    (lambda t: t.replace(LLAMA_VERSION_LINE, "version: 6550"), ("version: must be a string",)),
     (lambda t: t.replace("  model_var: LLAMA_MODEL\n", ""), ("engine.model_var: missing required key",)),
     (lambda t: t.replace("    BACKEND: llama\n", "    BACKEND: llama\n    HF_TOKEN: hf_abc\n"),
      ("bake.env: HF_TOKEN: looks like a credential", "launch template")),
@@ -156,11 +161,11 @@ def test_a_valid_pinned_base_image_renders() -> None:
     # issue 12: a label value that starts with ${BAKERY_ used to pass unquoted
     (lambda t: t.replace("description: llama.cpp", 'description: "${BAKERY_REVISION}\\nRUN touch /pwned" #'),
      ("llama.yaml: description: contains a newline",)),
-    (lambda t: t.replace("version: b6550", 'version: "${BAKERY_REVISION}"'), ("llama.yaml: version: ",
+    (lambda t: t.replace(LLAMA_VERSION_LINE, 'version: "${BAKERY_REVISION}"'), ("llama.yaml: version: ",
                                                                               "is not a version")),
-    (lambda t: t.replace("image: ghcr.io/ggml-org/llama.cpp:server-b6550", 'image: "ubuntu\\nRUN touch /pwned"'),
+    (lambda t: t.replace(LLAMA_IMAGE_LINE, 'image: "ubuntu\\nRUN touch /pwned"'),
      ("llama.yaml: base.image: ", "not a valid image reference", "contains '\\n'")),
-    (lambda t: t.replace("image: ghcr.io/ggml-org/llama.cpp:server-b6550", "image: Ghcr.io/Acme/X"),
+    (lambda t: t.replace(LLAMA_IMAGE_LINE, "image: Ghcr.io/Acme/X"),
      ("llama.yaml: base.image: ", "repository name must be lower-case")),
     (lambda t: t.replace("source: https://github.com/ggml-org/llama.cpp", "source: https://ci:hunter2@example.com"),
      ("llama.yaml: source: rule url-password:", "launch template")),

@@ -15,6 +15,9 @@ from bakery import drift
 from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine, load_spec_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "drift"
+# The pinned versions, read from the specs: a version bump (python -m bakery.bump) keeps these tests true.
+LLAMA_TAG = load_engine("llama").version
+VLLM_TAG = load_engine("vllm").version
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -48,6 +51,8 @@ def test_declared_origins_and_patterns() -> None:
 
 def _spec_with_load_line(tmp_path: Path, line: str) -> Path:
     data = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())
+    for old in data["bake"]["env"]["MODEL_LOAD_LOG_MSG"]:  # a declaration of a line no longer baked is refused
+        data.get("upstream", {}).get("lines", {}).pop(old, None)
     data["bake"]["env"]["MODEL_LOAD_LOG_MSG"] = [line]
     images = tmp_path / "images"
     images.mkdir()
@@ -63,7 +68,7 @@ def test_a_line_gone_upstream_fails_by_name(tmp_path: Path) -> None:
     assert "MISSING   'model is ready to serve'  (MODEL_LOAD_LOG_MSG, literal)" in proc.stdout
     assert proc.stderr.strip() == (
         f"bakery.drift: {images}/llama.yaml: MODEL_LOAD_LOG_MSG: 'model is ready to serve' no longer occurs in "
-        "ggml-org/llama.cpp@b6550 (literally); fix the line, or declare where it comes from in upstream.lines")
+        f"ggml-org/llama.cpp@{LLAMA_TAG} (literally); fix the line, or declare where it comes from in upstream.lines")
 
 
 def test_a_source_change_is_caught(tmp_path: Path) -> None:
@@ -83,8 +88,42 @@ def test_a_pattern_that_no_longer_matches_names_the_pattern(tmp_path: Path) -> N
     proc = run("--engine", "vllm", "--source-dir", str(source))
     assert proc.returncode == 1
     assert "images/vllm.yaml: MODEL_ERROR_LOG_MSGS: 'RuntimeError: Engine' no longer occurs in " \
-           "vllm-project/vllm@v0.10.2 (pattern 'RuntimeError\\\\(\\\\s*\"Engine core initialization failed')" \
+           f"vllm-project/vllm@{VLLM_TAG} (pattern 'RuntimeError\\\\(\\\\s*\"Engine core initialization failed')" \
            in proc.stderr, proc.stderr
+
+
+def test_a_declared_file_is_the_only_place_the_line_counts(tmp_path: Path) -> None:
+    # llama.yaml declares "model loaded" in tools/server/server.cpp: the server stops printing it, an example
+    # app still logs the same words, and the check must not be fooled by the copy.
+    source = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "llama", source)
+    server = source / "tools" / "server" / "server.cpp"
+    server.write_text(server.read_text().replace("model loaded", "model is ready"))
+    example = source / "examples" / "android" / "Engine.kt"
+    example.parent.mkdir(parents=True)
+    example.write_text('fun onLoad() { log("model loaded") }\n')
+    proc = run("--engine", "llama", "--source-dir", str(source))
+    assert proc.returncode == 1
+    assert "MISSING   'model loaded'  (MODEL_LOAD_LOG_MSG, literal)" in proc.stdout
+    assert proc.stderr.strip() == (
+        f"bakery.drift: images/llama.yaml: MODEL_LOAD_LOG_MSG: 'model loaded' no longer occurs in "
+        f"ggml-org/llama.cpp@{LLAMA_TAG} (literally in tools/server/server.cpp); fix the line, or declare where it "
+        "comes from in upstream.lines")
+
+
+def test_a_declared_file_matches_by_the_end_of_its_path(tmp_path: Path) -> None:
+    # sglang.yaml names sglang/srt/entrypoints/http_server.py: the git checkout has it under python/, the
+    # wheel at the top; a file that merely ends in the same name (my_http_server.py) is not it.
+    wheel = tmp_path / "wheel"
+    shutil.copytree(FIXTURES / "sglang" / "python", wheel)
+    found = {f.line: f.where for f in drift.check(load_engine("sglang"), wheel)}
+    assert found["The server is fired up and ready to roll!"] == "sglang/srt/entrypoints/http_server.py:3"
+    impostor = tmp_path / "impostor" / "sglang" / "srt" / "entrypoints" / "my_http_server.py"
+    impostor.parent.mkdir(parents=True)
+    real = FIXTURES / "sglang" / "python" / "sglang" / "srt" / "entrypoints" / "http_server.py"
+    impostor.write_text(real.read_text())
+    gone = [f.line for f in drift.check(load_engine("sglang"), tmp_path / "impostor") if not f.found]
+    assert gone == ["The server is fired up and ready to roll!"]
 
 
 def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
@@ -102,7 +141,7 @@ def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
     sh("init", "-q")
     sh("add", "-A")
     sh("commit", "-qm", "pinned")
-    sh("tag", "b6550")
+    sh("tag", LLAMA_TAG)
     (origin / "src" / "llama.cpp").write_text("// the loader's messages moved\n")
     sh("commit", "-qam", "later")
     sh("clone", "-q", "--bare", str(origin), str(origin) + ".git")
@@ -117,7 +156,7 @@ def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--engine", "llama", "--source-dir", "/no/such/dir"),
-     "bakery.drift: --source-dir /no/such/dir: not a directory (a checkout of ggml-org/llama.cpp at b6550)"),
+     f"bakery.drift: --source-dir /no/such/dir: not a directory (a checkout of ggml-org/llama.cpp at {LLAMA_TAG})"),
     (("--all", "--source-dir", "/tmp"), "bakery.drift: --source-dir is one engine's checkout: choose exactly one "
                                         "--engine"),
     (("--engine", "tgi", "--source-dir", "/tmp"),

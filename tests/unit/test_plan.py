@@ -41,7 +41,7 @@ def test_production_plan(spec) -> None:
     assert plan.tags == tuple(release_tags(spec, repository="ghcr.io/acme", variant="production", revision=REV))
     assert plan.tags[-1] == "ghcr.io/acme/vllm:latest"
     assert plan.platform_tag("linux/arm64") == f"{plan.tags[0]}-arm64"
-    candidate = f"ghcr.io/acme/vllm:candidate-v0.10.2-bakery{__version__}-gabc1234-amd64"
+    candidate = f"ghcr.io/acme/vllm:candidate-{spec.version}-bakery{__version__}-gabc1234-amd64"
     assert plan.candidate_tag("linux/amd64") == candidate
     assert (plan.verify, plan.push, plan.facts.build_args()) == (True, False, {
         "BAKERY_REVISION": REV, "BAKERY_CREATED": "2026-01-02T03:04:05Z"})

@@ -26,6 +26,10 @@ from bakery.release import VerifiedRecord, assemble, matrix, plan_manifests, ver
 from bakery.spec import available_engines, load_engine
 from bakery.verify import GateResult
 
+# The pinned vLLM version and base, read from the spec: a version bump (python -m bakery.bump) keeps these true.
+VV = load_engine("vllm").version
+VLLM_BASE = load_engine("vllm").base.image
+
 REV = "abc1234def5678900000000000000000000000000"
 IMAGE = {"amd64": "sha256:" + "a" * 64, "arm64": "sha256:" + "b" * 64}
 DIGEST = {"amd64": "sha256:" + "1" * 64, "arm64": "sha256:" + "2" * 64}
@@ -99,7 +103,7 @@ def bake_file(tmp_path: Path) -> Path:
 
 
 BASE_DIGEST = "sha256:" + "5" * 64
-BASE_LABELS = {"org.opencontainers.image.base.name": "vllm/vllm-openai:v0.10.2",
+BASE_LABELS = {"org.opencontainers.image.base.name": VLLM_BASE,
                "org.opencontainers.image.base.digest": BASE_DIGEST}
 
 
@@ -149,10 +153,10 @@ def test_a_passed_gate_pushes_the_platform_tag_and_records_the_digest(bake_file:
 
     rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=gate)
     assert gate_calls == [(IMAGE["amd64"], "vllm", "production")]
-    tag = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-amd64"
+    tag = f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234-amd64"
     assert calls == [f"tag {[tag]}", f"push {[tag]}"]
     assert (rec.image_id, rec.digest, rec.pushed_ref) == (IMAGE["amd64"], DIGEST["amd64"], tag)
-    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", BASE_DIGEST)
+    assert (rec.base_image, rec.base_digest) == (VLLM_BASE, BASE_DIGEST)
     assert VerifiedRecord.read(tmp_path / "r" / "vllm-amd64.json") == rec
 
 
@@ -165,13 +169,13 @@ def test_a_release_without_a_recorded_base_digest_is_refused_before_the_gate(
     # Without --push (a gate run, no release) the record just says what is known.
     rec = verify_target(bake_file, "vllm-amd64", records=tmp_path / "r",
                         gate=lambda *a, **k: GateResult(passed=True, ran=1))
-    assert (rec.base_image, rec.base_digest) == ("vllm/vllm-openai:v0.10.2", "")
+    assert (rec.base_image, rec.base_digest) == (VLLM_BASE, "")
 
 
 def test_a_base_pinned_by_the_spec_must_be_the_recorded_digest(bake_file: Path, tmp_path: Path, calls: list[str],
                                                                labels: dict[str, str]) -> None:
     pinned = "sha256:" + "6" * 64
-    labels["org.opencontainers.image.base.name"] = f"vllm/vllm-openai:v0.10.2@{pinned}"
+    labels["org.opencontainers.image.base.name"] = f"{VLLM_BASE}@{pinned}"
     with pytest.raises(release.BuildError, match=r"names the base .* but records"):
         verify_target(bake_file, "vllm-amd64", records=tmp_path / "r", push=True, gate=_no_docker)
     del labels["org.opencontainers.image.base.digest"]  # the spec's own pin is the record then
@@ -221,8 +225,8 @@ def test_assemble_creates_release_tags_from_verified_digests_only() -> None:
     records = [record(arch="arm64"), record(arch="amd64")]
     registry = Registry(records)
     plans = assemble(records, inspect=registry.inspect, run=registry.run)
-    tags = [f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234", f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}",
-            "ghcr.io/acme/vllm:v0.10.2", "ghcr.io/acme/vllm:latest"]
+    tags = [f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234", f"ghcr.io/acme/vllm:{VV}-bakery{__version__}",
+            f"ghcr.io/acme/vllm:{VV}", "ghcr.io/acme/vllm:latest"]
     assert registry.commands == [["docker", "buildx", "imagetools", "create",
                                   *[a for t in tags for a in ("--tag", t)],
                                   f"ghcr.io/acme/vllm@{DIGEST['amd64']}", f"ghcr.io/acme/vllm@{DIGEST['arm64']}"]]
@@ -248,7 +252,7 @@ def test_a_missing_digest_is_refused() -> None:
 def test_a_commit_tag_is_never_moved() -> None:
     records = [record(arch="amd64"), record(arch="arm64")]
     registry = Registry(records)
-    pinned = f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234"
+    pinned = f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234"
     registry.refs[pinned] = {"manifests": [{"digest": "sha256:" + "9" * 64}]}
     with pytest.raises(VerificationError, match="never moved"):
         assemble(records, inspect=registry.inspect, run=registry.run)
@@ -312,7 +316,7 @@ def test_partial_release_only_when_asked() -> None:
 def test_dirty_revision_has_no_pinned_tag() -> None:
     recs = [record(arch="amd64", revision=REV + "-dirty"), record(arch="arm64", revision=REV + "-dirty")]
     plan = plan_manifests(recs)[0]
-    assert plan.pinned is None and plan.tags[0] == f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}"
+    assert plan.pinned is None and plan.tags[0] == f"ghcr.io/acme/vllm:{VV}-bakery{__version__}"
 
 
 def test_assemble_cli_reads_record_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -401,8 +405,8 @@ def test_rehearsal_takes_local_records_only_and_tags_them_local() -> None:
     with pytest.raises(InputError, match="this release takes local builds only"):
         plan_manifests([record(arch="amd64"), record(arch="arm64")], variant="local")
     plan = plan_manifests(local, variant="local")[0]
-    assert plan.tags == [f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-local",
-                         f"ghcr.io/acme/vllm:v0.10.2-bakery{__version__}-local", "ghcr.io/acme/vllm:v0.10.2-local"]
+    assert plan.tags == [f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234-local",
+                         f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-local", f"ghcr.io/acme/vllm:{VV}-local"]
     assert plan.pinned == plan.tags[0]
 
 
@@ -419,7 +423,7 @@ def test_rehearsal_lets_verify_push_a_local_build(tmp_path: Path, calls: list[st
     arch = host_platform().split("/")[1]
     rec = verify_target(local, f"vllm-{arch}", records=tmp_path / "r", push=True, rehearsal=True,
                         gate=lambda *a, **k: GateResult(passed=True, ran=1))
-    tag = f"127.0.0.1:5000/acme/vllm:v0.10.2-bakery{__version__}-gabc1234-local-{arch}"
+    tag = f"127.0.0.1:5000/acme/vllm:{VV}-bakery{__version__}-gabc1234-local-{arch}"
     assert calls == [f"tag {[tag]}", f"push {[tag]}"]
     assert (rec.variant, rec.pushed_ref, rec.digest) == ("local", tag, DIGEST["amd64"])
 

@@ -138,11 +138,22 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
 # ---- engine facts (issue 13): stated once, in the spec ----------------------------------------------
 
 
+# How upstream.lines refuses a declaration that names no place, or two kinds of place, or a file outside the tree.
+ONE_PLACE = ("upstream.lines.model loaded: set either origin (who writes the line) or pattern and/or file (where the "
+             "engine's source holds it)")
+OUTSIDE = ("upstream.lines.model loaded: file {!r}: a relative path inside the source tree "
+           "(e.g. tools/server/server.cpp)")
+
+
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d["base"].pop("local_model"),
      "base: local_model: required with base.local (the gate launches the local base with it)"),
     (lambda d: d["base"].pop("local_fail_load"),
      "base: local_fail_load: required with base.local (the gate launches the local base with it)"),
+    (lambda d: d["base"].pop("local_long_answer"),
+     "base: local_long_answer: required with base.local (the gate launches the local base with it)"),
+    (lambda d: d["base"]["local_long_answer"].update(tokens=0),
+     "base.local_long_answer.tokens: Input should be greater than 0"),
     (lambda d: d["base"].update(local_fail_load={}),
      "base.local_fail_load: set model (a model that cannot load) or env (variables that make loading fail)"),
     (lambda d: d["base"]["local_route"].update(route="embeddings"),
@@ -157,13 +168,30 @@ def test_unrepresentable_value_is_refused(tmp_path: Path) -> None:
     (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
      "upstream.lines: 'model ready' is not a baked load or error line; remove it or bake it"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
-     "upstream.lines.model loaded: set exactly one of origin (who writes the line) or pattern "
-     "(how the source holds it)"),
+     ONE_PLACE),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "file": "server.cpp"}}}),
+     ONE_PLACE),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"why": "no place given"}}}),
+     ONE_PLACE),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "../outside/server.cpp"}}}),
+     OUTSIDE.format("../outside/server.cpp")),
+    (lambda d: d.update(upstream={"lines": {"model loaded": {"file": "/abs/server.cpp"}}}),
+     OUTSIDE.format("/abs/server.cpp")),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "nginx"}}}),
      "upstream.lines.model loaded: origin 'nginx': choose one of bakery, supervisord, python, uvicorn"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"pattern": "("}}}),
      "upstream.lines.model loaded: pattern '(': not a regular expression: missing ), unterminated subpattern "
      "at position 0"),
+    (lambda d: d["upstream"].update(releases={"pypi": "llama", "registry": "ghcr.io/x/y", "tag": "b{release}"}),
+     "upstream.releases: set exactly one of pypi (a PyPI project) or registry (an image repository)"),
+    (lambda d: d["upstream"].update(releases={"registry": "ghcr.io/ggml-org/llama.cpp", "tag": "server-latest"}),
+     "upstream.releases: tag: with registry, the build's tag with {release} once (e.g. server-b{release})"),
+    (lambda d: d["upstream"].update(releases={"pypi": "vllm", "tag": "v{release}"}),
+     "upstream.releases: tag: only with registry (a PyPI release names no image tag)"),
+    (lambda d: d["upstream"].update(releases={"pypi": "vllm", "version": "v1"}),
+     "upstream.releases: version 'v1': must hold {release} once (e.g. v{release})"),
+    (lambda d: d["upstream"].update(releases={"registry": "https://ghcr.io/x", "tag": "b{release}"}),
+     "upstream.releases: registry 'https://ghcr.io/x': must be host/owner/name (e.g. ghcr.io/ggml-org/llama.cpp)"),
     (lambda d: d.update(upstream={"repository": "https://github.com/x/y"}),
      "upstream.repository: 'https://github.com/x/y': must be a GitHub owner/name"),
     (lambda d: d["bake"]["env"].update(BAKERY_ENGINE_PROGRAM="llama"),

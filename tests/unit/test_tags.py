@@ -20,6 +20,8 @@ from bakery.tags import (
 )
 
 REV = "abc1234def5678900000000000000000000000000"
+# The pinned engine version, read from the spec: a version bump (python -m bakery.bump) keeps these true.
+V = load_engine("llama").version
 DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -30,9 +32,9 @@ def llama():
 
 def test_production_tags_most_specific_first(llama) -> None:
     assert release_tags(llama, repository="ghcr.io/acme", revision=REV) == [
-        f"ghcr.io/acme/llama:b6550-bakery{__version__}-gabc1234",
-        f"ghcr.io/acme/llama:b6550-bakery{__version__}",
-        "ghcr.io/acme/llama:b6550",
+        f"ghcr.io/acme/llama:{V}-bakery{__version__}-gabc1234",
+        f"ghcr.io/acme/llama:{V}-bakery{__version__}",
+        f"ghcr.io/acme/llama:{V}",
         "ghcr.io/acme/llama:latest",
     ]
 
@@ -40,8 +42,8 @@ def test_production_tags_most_specific_first(llama) -> None:
 @pytest.mark.parametrize("variant", ["local", "custom"])
 def test_other_bases_carry_the_variant_everywhere_and_never_latest(llama, variant: str) -> None:
     tags = release_tags(llama, variant=variant, revision=REV)
-    assert tags == [f"bakery/llama:b6550-bakery{__version__}-gabc1234-{variant}",
-                    f"bakery/llama:b6550-bakery{__version__}-{variant}", f"bakery/llama:b6550-{variant}"]
+    assert tags == [f"bakery/llama:{V}-bakery{__version__}-gabc1234-{variant}",
+                    f"bakery/llama:{V}-bakery{__version__}-{variant}", f"bakery/llama:{V}-{variant}"]
     assert not any(t.endswith(":latest") for t in tags)
 
 
@@ -49,7 +51,7 @@ def test_other_bases_carry_the_variant_everywhere_and_never_latest(llama, varian
 def test_no_commit_tag_without_a_clean_commit(llama, revision: str) -> None:
     tags = release_tags(llama, revision=revision)
     assert not any("-g" in t.rpartition(":")[2] for t in tags), tags
-    assert tags[0] == f"bakery/llama:b6550-bakery{__version__}"
+    assert tags[0] == f"bakery/llama:{V}-bakery{__version__}"
 
 
 def test_unknown_variant_is_refused(llama) -> None:
@@ -80,13 +82,13 @@ def test_odd_versions_are_cleaned_into_valid_tags(llama) -> None:
 
 def test_platform_tag_pins_one_architecture(llama) -> None:
     assert platform_tag(llama, "linux/arm64", repository="ghcr.io/acme", revision=REV) == \
-        f"ghcr.io/acme/llama:b6550-bakery{__version__}-gabc1234-arm64"
+        f"ghcr.io/acme/llama:{V}-bakery{__version__}-gabc1234-arm64"
     assert platform_tag(llama, "linux/amd64", variant="local", revision=REV).endswith("-gabc1234-local-amd64")
 
 
 def test_candidate_tags_are_never_release_tags(llama) -> None:
     candidate = candidate_tag(llama, "linux/amd64", revision=REV)
-    assert candidate == f"bakery/llama:candidate-b6550-bakery{__version__}-gabc1234-amd64"
+    assert candidate == f"bakery/llama:candidate-{V}-bakery{__version__}-gabc1234-amd64"
     assert not is_release_tag(candidate)
     assert all(is_release_tag(t) for t in release_tags(llama, revision=REV))
     assert is_release_tag(platform_tag(llama, "linux/amd64", revision=REV))

@@ -128,12 +128,98 @@ def test_release_signs_every_verified_digest_keylessly_after_assemble() -> None:
     assert "--key" not in texts[sign], "keyless: no long-lived key"
 
 
+def test_the_release_push_asks_for_provenance_and_records_only_after_the_read_back() -> None:
+    build = load("image-build.yml")["jobs"]["build"]
+    texts = steps_text(build)
+    setup = build["steps"][index_of(texts, "docker/setup-buildx-action@")]
+    assert setup["with"]["driver"] == "docker-container", \
+        "attestations need a BuildKit builder (the docker driver cannot carry them)"
+    gate = index_of(texts, "python -m bakery.release verify")
+    # Publishing: the gate's own command pushes with buildx and provenance, reading the pushed index
+    # back (bakery/provenance.py) before it writes the record; the same override the build used.
+    assert 'push=(--push --provenance --override "$BAKE_DIR/ci.json")' in texts[gate]
+    assert "if [[ $PUBLISH == true ]]" in texts[gate]
+    assert index_of(texts, "docker buildx bake -f docker-bake.json -f ci.json --load") < gate
+    assert index_of(texts, "docker/login-action@") < gate, "the buildx push needs the registry login"
+    record_upload = next(i for i, t in enumerate(texts) if "actions/upload-artifact" in t and "RECORDS_DIR" in t)
+    assert gate < record_upload
+
+
+def test_the_verified_images_sbom_is_kept_and_attested_to_its_digest() -> None:
+    build = load("image-build.yml")["jobs"]["build"]
+    texts = steps_text(build)
+    gate = index_of(texts, "python -m bakery.release verify")
+    sbom = index_of(texts, "python -m bakery.release sbom")
+    assert '--record "$RECORDS_DIR/$TARGET.json" --out "$SBOM_DIR/$TARGET.cdx.json"' in texts[sbom]
+    upload = next(i for i, t in enumerate(texts) if "actions/upload-artifact" in t and "SBOM_DIR" in t)
+    assert gate < sbom < upload
+    assert build["steps"][upload]["with"]["name"] == "sbom-${{ inputs.target }}"
+    manifest = load("images.yml")["jobs"]["manifest"]
+    texts = steps_text(manifest)
+    download = index_of(texts, "sbom-*")
+    attest = index_of(texts, "cosign attest")
+    assert download < index_of(texts, "python -m bakery.release assemble") < index_of(texts, "cosign sign") < attest
+    script = manifest["steps"][attest]["run"]
+    assert "'.target + \" \" + .repository + \"@\" + .digest' \"$RECORDS_DIR\"/*.json" in script
+    assert 'cosign attest --yes --type cyclonedx --predicate "$SBOM_DIR/$target.cdx.json" "$ref"' in script
+    assert manifest["steps"][download]["with"]["path"] == "${{ env.SBOM_DIR }}"
+
+
+def test_pull_request_jobs_never_get_signing_or_package_rights() -> None:
+    flow = load("images.yml")
+    for name, job in flow["jobs"].items():
+        if workflow_policy._excludes_pull_requests(job):
+            continue
+        writes = workflow_policy._writes(job.get("permissions"))
+        assert "id-token" not in writes and "packages" not in writes, f"{name} can run for a pull request"
+    assert workflow_policy._writes(flow["permissions"]) == []
+
+
 def test_pull_requests_build_on_local_bases_and_never_publish() -> None:
     plan = load("images.yml")["jobs"]["plan"]
     script = plan["steps"][-1]["run"]
     assert "pull_request" in script and "--local" in script and "variant=local" in script
     assert "publish=false" in script
     assert "$EVENT == push || $PUBLISH_INPUT == true" in script
+
+
+def test_engine_bump_is_scheduled_checks_drift_before_the_pull_request_and_only_on_a_change() -> None:
+    flow = load("engine-bump.yml")
+    assert set(flow["on"]) == {"schedule", "workflow_dispatch"}, "scheduled and on demand; never a pull request"
+    crons = [entry["cron"] for entry in flow["on"]["schedule"]]
+    assert len(crons) == 1 and len(crons[0].split()) == 5, crons
+    assert flow["permissions"] == {"contents": "read"}
+    job = flow["jobs"]["bump"]
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+    steps = job["steps"]
+    texts = steps_text(job)
+    bump = index_of(texts, "python -m bakery.bump --all")
+    drift = index_of(texts, "python -m bakery.drift")
+    images = index_of(texts, "docker buildx imagetools inspect")
+    render = index_of(texts, "python -m bakery.rendered\n")
+    tests = index_of(texts, "pytest tests/unit")
+    pull_request = index_of(texts, "gh pr create")
+    assert bump < drift < images < render < tests < pull_request, "bump → drift → bases → render → tests → PR"
+    assert "--fetch" in texts[drift], "the drift check clones the bumped releases' source"
+    assert "set -o pipefail" in texts[drift], "a drift failure must not be hidden by the pipe into tee"
+    assert "git diff --name-only -- images/" in texts[bump], "what changed is read from the specs themselves"
+    changed = "steps.bump.outputs.engines != ''"
+    for index in (drift, images, render, tests, pull_request):
+        assert steps[index].get("if") == changed, f"step {steps[index].get('name')!r} runs only after a change"
+    assert "if" not in steps[bump]
+    opener = steps[pull_request]
+    assert opener["env"]["GH_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"  # noqa: S105 - an expression, no secret
+    assert "git add images/ rendered/" in opener["run"], "the bumped specs and their regenerated renders"
+    assert "http.https://github.com/.extraheader=AUTHORIZATION: basic $auth" in opener["run"], \
+        "the push is handed the token explicitly (the checkout keeps none)"
+    assert "gh pr edit" in opener["run"], "a second run updates the open pull request instead of failing"
+
+
+def test_only_the_bump_job_may_push_and_open_pull_requests() -> None:
+    writers = {(path.name, job_name) for path in workflow_files()
+               for job_name, job in (load(path.name).get("jobs") or {}).items()
+               if {"contents", "pull-requests"} & set(workflow_policy._writes(job.get("permissions")))}
+    assert writers == {("engine-bump.yml", "bump")}
 
 
 # ---- least privilege and pinning (issue 12) ----------------------------------------------------
@@ -203,6 +289,51 @@ PLANTED = [
      "      variant: ${{ needs.plan.outputs.variant }}\n      publish: false\n", "secrets: inherit"),
     ("image-build.yml", "    timeout-minutes: 120\n",
      "    timeout-minutes: 120\n    permissions:\n      packages: write\n", "called workflow declares packages: write"),
+    # The release path (workflow_policy.release_violations).
+    ("images.yml", "    if: github.event_name == 'pull_request'\n    permissions:\n      contents: read\n",
+     "    if: github.event_name == 'pull_request'\n    permissions:\n      contents: read\n      id-token: write\n",
+     "build-pr: grants id-token: write"),
+    ("images.yml", "    if: github.event_name != 'pull_request'\n    permissions:\n      contents: read\n"
+                   "      packages: write\n    strategy:",
+     "    if: github.event_name != 'pull_request'\n    permissions:\n      contents: read\n"
+     "      packages: write\n      id-token: write\n    strategy:",
+     "build-release: id-token: write in a job that signs nothing"),
+    ("image-build.yml", "        run: |\n          push=()",
+     "        continue-on-error: true\n        run: |\n          push=()", "may be passed over when it fails"),
+    ("image-build.yml", "push=(--push --provenance --override", "push=(--push --override",
+     "does not ask for the builder's provenance"),
+    ("image-build.yml", "docker buildx bake -f docker-bake.json -f ci.json --load",
+     "docker buildx bake -f docker-bake.json -f ci.json --push", "pushes an image itself"),
+    ("image-build.yml", "  python -m bakery.release sbom --record",
+     "  docker push \"$REPOSITORY/$ENGINE\"\n          python -m bakery.release sbom --record",
+     "pushes an image itself"),
+    ("image-build.yml", '--record "$RECORDS_DIR/$TARGET.json" --out', '--image "$REPOSITORY/$ENGINE" --out',
+     "not taken from the image the verified record names"),
+    ("image-build.yml", "          python -m bakery.release sbom --record", "          echo no sbom --record",
+     "SBOM is not extracted after the gate"),
+    ("image-build.yml", "/${{ inputs.target }}.cdx.json\n          if-no-files-found: error",
+     "/${{ inputs.target }}.cdx.json\n          if-no-files-found: warn",
+     "SBOM is not kept as an artifact"),
+    ("images.yml", 'cosign sign --yes "$ref"', 'cosign sign --yes "${ref%@*}:latest"',
+     "not given the verified records' digests"),
+    ("images.yml", 'cosign sign --yes "$ref"', 'cosign sign --yes --key cosign.key "$ref"', "cosign with --key"),
+    ("images.yml", "--type cyclonedx", "--type spdx", "not the CycloneDX SBOM"),
+    ("images.yml", 'run: python -m bakery.release assemble "$RECORDS_DIR"', "run: echo assembled",
+     "cosign runs before `bakery.release assemble`"),
+    ("images.yml", "          pattern: sbom-*\n", "          pattern: sboms\n",
+     "SBOM artifacts (sbom-*) are not downloaded"),
+    ("images.yml", "            cosign attest --yes", "            echo attest --yes", "get no SBOM attestation"),
+    ("images.yml", "      - name: Check each digest is the verified image, then create the release tags\n",
+     "      - run: docker buildx imagetools create --tag \"$REPO:latest\" \"$REPO:candidate\"\n"
+     "      - name: Check each digest is the verified image, then create the release tags\n",
+     "pushes an image itself"),
+    ("engine-bump.yml", "on:\n  schedule:\n", "on:\n  pull_request:\n  schedule:\n",
+     "bump: grants contents: write, pull-requests: write to a job a pull request can run"),
+    ("engine-bump.yml", "on:\n  schedule:\n", "on:\n  workflow_run:\n    workflows: [ci]\n  schedule:\n",
+     "bump: grants contents: write, pull-requests: write in a workflow_run workflow"),
+    ("engine-bump.yml", "permissions:\n  contents: read\n", "permissions:\n  contents: write\n",
+     "top-level permissions grant write on contents"),
+    ("engine-bump.yml", "          persist-credentials: false\n", "", "persist-credentials"),
     ("ci.yml", "        run: python -m pytest tests/unit -q\n",
      "        run: python -m pytest tests/unit -q\n        env:\n          TOKEN: ${{ secrets.PUBLISH_TOKEN }}\n",
      "secrets.PUBLISH_TOKEN"),

@@ -6,13 +6,23 @@ rule, so a test can plant a broken copy and see the rule fire:
 - no `pull_request_target`; a top-level `permissions` with read/none values only (a reusable
   workflow, `on: workflow_call`, declares none at all: it inherits its caller's job permissions);
 - a job that grants any write permission can never run for a pull request: its workflow has no
-  pull_request trigger, or its `if` has `github.event_name != 'pull_request'` as a conjunct;
+  pull_request trigger, or its `if` has `github.event_name != 'pull_request'` as a conjunct; and no
+  job of a `workflow_run` workflow writes at all (it runs with the base repository's token after a
+  pull request's workflow, on whatever that run left behind, and its event name is never
+  pull_request, so the `if` above would not keep it out);
 - a job that can run for a pull request passes no `secrets: inherit`, and no workflow that a pull
   request can run names a secret other than GITHUB_TOKEN;
 - every actions/checkout sets `persist-credentials: false`;
 - every action is pinned by a full 40-hex commit SHA with its version in a comment (`# v1.2.3`);
   local actions/workflows (`./...`) excepted; `docker://` and service/container images by digest;
-- every `pip install`/`pip download` in a `run:` script uses `--require-hashes`.
+- every `pip install`/`pip download` in a `run:` script uses `--require-hashes`;
+- the release path (`release_violations`, for image-build.yml and images.yml): images leave only
+  through `python -m bakery.release` (no `docker push`, no buildx push or imagetools create in a
+  script); the release push asks for the builder's provenance (`verify --push --provenance`, whose
+  read-back compares the config digest before recording); the verified image's SBOM is extracted
+  from the record's image after the gate and kept as an artifact; every `cosign sign`/`attest`
+  comes after `bakery.release assemble` in its job, takes its refs from the verified records, is
+  keyless, and the SBOM attestation is CycloneDX; `id-token: write` only where cosign runs.
 
 `lock_problems()` checks that requirements-dev.lock pins every requirement of requirements-dev.txt
 to a version it allows, with at least one hash per entry.
@@ -29,6 +39,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 PR_EVENTS = {"pull_request", "pull_request_target"}
+AFTER_PR_EVENTS = {"workflow_run"}  # runs with the base token after (possibly) a pull request's workflow
 NOT_PR = "github.event_name != 'pull_request'"
 USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>[^\s#]+)\s*(?:#\s*(?P<comment>.*))?$")
 PINNED_ACTION = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w./-]+)?@[0-9a-f]{40}$")
@@ -88,7 +99,7 @@ def violations(workflows: dict[str, str]) -> list[str]:
                     called_from_pr.add(Path(uses).name)
     for name, flow in flows.items():
         found += _flow_violations(name, flow, workflows[name], name in called_from_pr)
-    return found
+    return found + release_violations(flows)
 
 
 def _flow_violations(name: str, flow: dict[str, Any], text: str, called_from_pr: bool) -> list[str]:
@@ -109,6 +120,9 @@ def _flow_violations(name: str, flow: dict[str, Any], text: str, called_from_pr:
         writes = _writes(job.get("permissions"))
         if writes and reusable:
             found.append(f"{name}: {job_name}: a called workflow declares {', '.join(f'{w}: write' for w in writes)}")
+        elif writes and triggers & AFTER_PR_EVENTS:
+            found.append(f"{name}: {job_name}: grants {', '.join(f'{w}: write' for w in writes)} in a workflow_run "
+                         "workflow (it runs after a pull request's workflow, with the base repository's token)")
         elif writes and pr_runs and not _excludes_pull_requests(job):
             found.append(f"{name}: {job_name}: grants {', '.join(f'{w}: write' for w in writes)} to a job a pull "
                          f"request can run (add `if: {NOT_PR}`)")
@@ -181,3 +195,92 @@ def lock_problems(requirements: Path, lock: Path) -> list[str]:
         elif not req.specifier.contains(Version(entries[key][0]), prereleases=True):
             problems.append(f"{lock.name}: {req.name}=={entries[key][0]} does not satisfy {req}: regenerate the lock")
     return problems
+
+
+# ---- the release path -------------------------------------------------------------------------------
+
+# A way out of the runner that is not bakery.release (which gates, then pushes, reads back and records).
+PUSHES = re.compile(r"docker\s+push\b|buildx\s+bake\b[^\n]*--push\b|push=true|type=registry|imagetools\s+create")
+VERIFIED_REFS = ('"$RECORDS_DIR"/*.json', '.repository + "@" + .digest')
+
+
+def _steps(flow: dict[str, Any], job: str) -> list[dict[str, Any]]:
+    return list(((flow.get("jobs") or {}).get(job) or {}).get("steps") or [])
+
+
+def _first(steps: list[dict[str, Any]], needle: str, key: str = "run") -> int | None:
+    return next((i for i, step in enumerate(steps) if needle in str(step.get(key, ""))), None)
+
+
+def release_violations(flows: dict[str, dict[str, Any]]) -> list[str]:
+    """The release path's rules (see the module docstring); [] when kept or when the files are absent."""
+    found: list[str] = []
+    for name, flow in flows.items():
+        for job_name, job in (flow.get("jobs") or {}).items():
+            steps = job.get("steps") or []
+            for step in steps:
+                if PUSHES.search(str(step.get("run", ""))):
+                    found.append(f"{name}: {job_name}: a step pushes an image itself ({step.get('name', 'unnamed')}); "
+                                 "only python -m bakery.release publishes")
+            found += _signing_violations(name, job_name, job)
+    if "image-build.yml" in flows:
+        found += _build_violations(flows["image-build.yml"])
+    if "images.yml" in flows and "manifest" in (flows["images.yml"].get("jobs") or {}):
+        steps = _steps(flows["images.yml"], "manifest")
+        if _first(steps, "cosign attest") is None:
+            found.append("images.yml: manifest: the verified digests get no SBOM attestation (cosign attest)")
+        if _first(steps, "sbom-*", "with") is None:
+            found.append("images.yml: manifest: the platform jobs' SBOM artifacts (sbom-*) are not downloaded")
+    return found
+
+
+def _build_violations(flow: dict[str, Any]) -> list[str]:
+    found = []
+    steps = _steps(flow, "build")
+    verify = _first(steps, "python -m bakery.release verify")
+    if verify is None:
+        return ["image-build.yml: build: no `python -m bakery.release verify` step (the gate)"]
+    script = str(steps[verify].get("run", ""))
+    if not re.search(r"--push --provenance\b", script):
+        found.append("image-build.yml: build: the release push does not ask for the builder's provenance "
+                     "(verify --push --provenance)")
+    sbom = _first(steps, "python -m bakery.release sbom")
+    if sbom is None or sbom < verify:
+        found.append("image-build.yml: build: the verified image's SBOM is not extracted after the gate "
+                     "(python -m bakery.release sbom --record ...)")
+    elif '--record "$RECORDS_DIR/$TARGET.json"' not in str(steps[sbom].get("run", "")):
+        found.append("image-build.yml: build: the SBOM is not taken from the image the verified record names")
+    upload = next((i for i, step in enumerate(steps) if str(step.get("uses", "")).startswith("actions/upload-artifact@")
+                   and "SBOM_DIR" in str((step.get("with") or {}).get("path", ""))), None)
+    if upload is None or sbom is None or upload < sbom or \
+            (steps[upload].get("with") or {}).get("if-no-files-found") != "error":
+        found.append("image-build.yml: build: the SBOM is not kept as an artifact after it is extracted "
+                     "(upload-artifact, if-no-files-found: error)")
+    for index in [i for i in (verify, sbom) if i is not None]:
+        if steps[index].get("continue-on-error") or "always()" in str(steps[index].get("if", "")):
+            found.append(f"image-build.yml: build: {steps[index].get('name')} may be passed over when it fails")
+    return found
+
+
+def _signing_violations(name: str, job_name: str, job: dict[str, Any]) -> list[str]:
+    found = []
+    steps = job.get("steps") or []
+    assemble = _first(steps, "python -m bakery.release assemble")
+    signing = [(i, str(step.get("run", ""))) for i, step in enumerate(steps)
+               if re.search(r"\bcosign\s+(sign|attest)\b", str(step.get("run", "")))]
+    for index, script in signing:
+        where = f"{name}: {job_name}: step {index + 1}"
+        if assemble is None or index < assemble:
+            found.append(f"{where}: cosign runs before `bakery.release assemble` checked the digests")
+        calls = [line.strip() for line in script.splitlines() if re.search(r"\bcosign\s+(sign|attest)\b", line)]
+        if not all(needle in script for needle in VERIFIED_REFS) or \
+                not all(call.endswith('"$ref"') for call in calls):
+            found.append(f"{where}: cosign is not given the verified records' digests ({VERIFIED_REFS[1]}, "
+                         'as "$ref")')
+        if "--key" in script:
+            found.append(f"{where}: cosign with --key: the release signs keylessly")
+        if "cosign attest" in script and not ("--type cyclonedx" in script and '--predicate "$SBOM_DIR/' in script):
+            found.append(f"{where}: the SBOM attestation is not the CycloneDX SBOM of $SBOM_DIR")
+    if "id-token" in _writes(job.get("permissions")) and not signing:
+        found.append(f"{name}: {job_name}: id-token: write in a job that signs nothing")
+    return found

@@ -134,6 +134,39 @@ async def engine_connect_timeout() -> dict[str, Any]:
     return {"error": error, "seconds": round(elapsed, 1), "recorded": outcome.get("timeout")}
 
 
+def layered_signature_check() -> dict[str, Any]:
+    """own_url and outcomes both wrap the signature check (outcomes outside): installed together, a
+    signature for another worker's URL is still refused, and outcomes still sees each verdict."""
+    from Crypto.PublicKey import RSA
+    from vastai.serverless.server.lib import data_types
+    from workers.openai import guards
+
+    worker = make_worker()
+    backend = worker.backend
+    ctx = guards.install(worker, guards.Limits(), routes=("/v1/completions",), http_port=3001,
+                         report_addr=os.environ["REPORT_ADDR"], active=("own_url", "outcomes"))
+    key = RSA.generate(2048)
+    backend._pubkey = key
+    own, other = backend.metrics.url, "http://198.51.100.1:1"
+
+    def verdict(url: str) -> dict[str, Any]:
+        from Crypto.Hash import SHA256
+        from Crypto.Signature import pkcs1_15
+
+        digest = SHA256.new(json.dumps({"url": url}, indent=4, sort_keys=True).encode())
+        signature = base64.b64encode(pkcs1_15.new(key).sign(digest)).decode()
+        seen: dict[str, bool] = {}
+        token = guards._SIGNATURE.set(seen)
+        try:
+            valid = backend._Backend__check_signature(data_types.AuthData(
+                cost="1", endpoint="e", reqnum=1, request_idx=1, signature=signature, url=url))
+        finally:
+            guards._SIGNATURE.reset(token)
+        return {"valid": valid, "forged": seen.get("forged")}
+
+    return {"own": verdict(own), "other": verdict(other), "middlewares": [mw.__name__ for _, mw in ctx.middlewares]}
+
+
 def main() -> int:
     """Collect the facts and print them as JSON."""
     os.environ.update(ENV)
@@ -221,6 +254,23 @@ def main() -> int:
     facts["aiohttp_keepalive_at_connect"] = "self._keepalive_timeout" in protocol_source
     facts["aiohttp_keepalive_closes_waiting"] = "force_close" in inspect.getsource(
         aiohttp.web_protocol.RequestHandler._process_keepalive)
+
+    # outcomes: what a refusal report is made of, and that the SDK's 401 path rejects after the check.
+    facts["request_metrics_fields"] = [f.name for f in dataclasses.fields(data_types.RequestMetrics)]
+    reject_source = inspect.getsource(metrics.Metrics._request_reject)
+    facts["reject_counts_workload_and_queues"] = ("workload_rejected += request.workload" in reject_source
+                                                  and "requests_deleting.append(request)" in reject_source)
+    handle_source = inspect.getsource(Backend._Backend__handle_request)
+    rejects_401 = "self.metrics._request_reject(request_metrics)\n            return web.Response(status=401)"
+    facts["sdk_401_rejects_after_check"] = (
+        handle_source.index("self.__check_signature(auth_data) is False") < handle_source.index(rejects_401))
+    facts["sdk_422_before_check"] = handle_source.index("status=422") < handle_source.index("__check_signature")
+    from vastai.serverless.server import worker as worker_mod
+    facts["handler_factory"] = callable(getattr(getattr(worker_mod, "EndpointHandlerFactory", None),
+                                                "get_all_handlers", None))
+    facts["send_outcomes"] = inspect.iscoroutinefunction(
+        getattr(metrics.Metrics, "_Metrics__send_delete_requests_and_reset", None))
+    facts["layered_signature_check"] = layered_signature_check()
 
     facts["fingerprints"] = {name: fingerprint(name)["changed"] for name in guards.ACTIVE}
     facts["engine_session"] = asyncio.run(engine_session_timeout())

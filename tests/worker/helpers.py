@@ -188,6 +188,24 @@ class ReportServer:
             time.sleep(0.1)
         raise AssertionError(f"no matching status report within {timeout} s; got {self.statuses()[-3:]}")
 
+    def outcomes(self) -> dict[int, dict[str, Any]]:
+        """Every request outcome posted to /delete_requests/ so far, by request_idx (the last one wins)."""
+        with self._lock:
+            posted = [data for path, data in self.reports if path.rstrip("/").endswith("/delete_requests")]
+        return {item["request_idx"]: item for data in posted for item in data.get("requests") or []
+                if isinstance(item, dict) and isinstance(item.get("request_idx"), int)}
+
+    def wait_outcomes(self, wanted: set[int], timeout: float = 20.0) -> dict[int, dict[str, Any]]:
+        """Wait until the outcome of every request_idx in `wanted` was posted; return all outcomes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not wanted <= set(self.outcomes()):
+            time.sleep(0.1)
+        seen = self.outcomes()
+        missing = sorted(wanted - set(seen))
+        assert not missing, \
+            f"no /delete_requests/ outcome for request_idx {missing} within {timeout} s; got {sorted(seen)}"
+        return seen
+
     def close(self) -> None:
         """Stop serving."""
         self.server.shutdown()

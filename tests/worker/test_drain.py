@@ -121,6 +121,11 @@ def test_sigterm_refuses_new_requests_and_finishes_the_one_in_flight(
         assert wait_records(record, 1)[-1] == {"stream": ROUTE, "events": TOKENS + 4, "outcome": "complete"}
         assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
         assert "drained in" in served.worker.text and "(1 request(s) refused meanwhile)" in served.worker.text
+        # Both outcomes left before the exit: the answer that ended just before it (the SDK's 1 s
+        # loop would have sent it too late) and the refusal (offline: every envelope counts as signed).
+        outcomes = reports.outcomes()
+        assert outcomes.get(1, {}).get("success") is True, outcomes
+        assert outcomes.get(2, {}).get("status") == "Rejected", outcomes
     finally:
         reports.close()
 

@@ -116,14 +116,41 @@ def test_sessions_and_self_update_routes_are_the_ones_guarded(facts: dict[str, A
                                            "/session/get", "/session/health"]
 
 
+# Hooks that two guards wrap in layers, each calling the one below (test_layered_signature_check
+# proves both layers act when both are installed); every other hook belongs to one guard.
+LAYERED = {"backend._Backend__check_signature": {"own_url", "outcomes"}}
+
+
 def test_each_guard_changes_its_own_things_only(facts: dict[str, Any]) -> None:
     """Installed alone on a real Worker, every guard changes something, and no two change the same
-    thing: removing one name from ACTIVE removes exactly that guard."""
+    thing (but the declared layers): removing one name from ACTIVE removes exactly that guard."""
     prints = facts["fingerprints"]
     assert sorted(prints) == sorted(guards.ACTIVE)
-    seen: dict[str, str] = {}
+    seen: dict[str, set[str]] = {}
     for name, changed in prints.items():
         assert changed, f"guard {name} changes nothing"
         for item in changed:
-            assert item not in seen, f"{item} changed by both {seen.get(item)} and {name}"
-            seen[item] = name
+            seen.setdefault(item, set()).add(name)
+    shared = {item: names for item, names in seen.items() if len(names) > 1}
+    assert shared == {item: names for item, names in LAYERED.items() if names <= set(guards.ACTIVE)}, \
+        f"changed by more than one guard: {shared} (declared layers: {LAYERED})"
+
+
+def test_layered_signature_check(facts: dict[str, Any]) -> None:
+    """own_url under outcomes: another worker's URL is still refused, and outcomes sees both verdicts."""
+    layered = facts["layered_signature_check"]
+    assert layered["own"] == {"valid": True, "forged": False}, layered
+    assert layered["other"] == {"valid": False, "forged": True}, layered
+
+
+def test_outcomes_hooks(facts: dict[str, Any]) -> None:
+    """What the outcomes guard builds on: the SDK rejects a 401 after its signature check (counting
+    the workload and queueing the outcome), answers its 422 before it (reporting nothing), and
+    makes its handlers with a factory the worker can call; the drain sends queued outcomes with the
+    SDK's own method."""
+    assert facts["sdk_401_rejects_after_check"] is True
+    assert facts["sdk_422_before_check"] is True
+    assert facts["reject_counts_workload_and_queues"] is True
+    assert {"request_idx", "reqnum", "workload", "status", "entered_queue_at"} <= set(facts["request_metrics_fields"])
+    assert facts["handler_factory"] is True
+    assert facts["send_outcomes"] is True

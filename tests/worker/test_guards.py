@@ -164,7 +164,7 @@ def test_signed_completion_and_chat_are_served(running: Running) -> None:
 def test_the_startup_line_names_the_guards(running: Running) -> None:
     out = running.worker.text
     assert "bakery-worker: guards=own_url,sessions,self_update,limits,not_ready,envelope,pubkey_retry," \
-           "log_hygiene,http_listener max_body=65536B body_timeout=2s header_timeout=2s" in out
+           "log_hygiene,http_listener,outcomes max_body=65536B body_timeout=2s header_timeout=2s" in out
 
 
 def test_not_ready_503_before_the_model_is_loaded(running: Running) -> None:
@@ -177,6 +177,50 @@ def test_not_ready_503_before_the_model_is_loaded(running: Running) -> None:
     assert "served /v1/completions" in engine_log  # the benchmark's requests
 
 
+# --------------------------------------------------------------------------- outcomes
+
+
+def test_a_signed_request_refused_before_loading_is_reported(running: Running) -> None:
+    """The 503 never reached the SDK, which reports only what it handled: the outcomes guard tells the
+    autoscaler, as for the SDK's own refusals, so it stops counting the request as in flight."""
+    assert running.early[0] == 503
+    outcome = running.reports.wait_outcomes({7001})[7001]
+    assert outcome["status"] == "Rejected" and outcome["success"] is False, outcome
+
+
+def test_only_signed_malformed_envelopes_are_reported(running: Running) -> None:
+    """A 422 for an envelope signed for this worker is reported; one that is not signed (or signed for
+    another worker) names a request_idx nobody vouches for, and is not."""
+    unsigned = {**running.auth(idx=7102), "signature": ""}
+    foreign = running.auth(url=f"http://127.0.0.1:{running.port + 9}", idx=7103)
+    for auth in (unsigned, foreign):
+        json_error(send(running.port, "/v1/completions", {"auth_data": auth, "payload": None}), 422)
+    json_error(send(running.port, "/v1/completions", {"auth_data": running.auth(idx=7101), "payload": None}), 422)
+    # Outcomes are posted in the order they were queued: once 7101's is in, the others would be too.
+    seen = running.reports.wait_outcomes({7101})
+    assert seen[7101]["status"] == "Rejected" and seen[7101]["success"] is False, seen[7101]
+    assert not {7102, 7103} & set(seen), {i: seen[i] for i in {7102, 7103} & set(seen)}
+
+
+def test_a_forged_request_adds_no_load(running: Running, other_key: SigningKey) -> None:
+    """The SDK counts a 401's workload (from a payload nobody signed) in the rejected load it reports:
+    anyone reaching :3000 could inflate the demand the autoscaler scales on. Forged requests are
+    still reported as refused, with no load."""
+    start = len(running.reports.statuses())
+    huge = {"prompt": "x", "max_tokens": 10**9}  # the SDK's count: 8 units each (the clamp)
+    for idx in (7201, 7202, 7203):
+        json_error(send(running.port, "/v1/completions", {"auth_data": running.auth(key=other_key, idx=idx),
+                                                          "payload": huge}), 401)
+    seen = running.reports.wait_outcomes({7201, 7202, 7203})
+    assert {seen[i]["status"] for i in (7201, 7202, 7203)} == {"Rejected"}
+    # A rejection flags a status report for the SDK's next 1 s tick; the load counted since the last
+    # report goes into it. One more report after the outcomes arrived covers every rejection.
+    after = len(running.reports.statuses())
+    running.reports.wait_status(lambda _s: len(running.reports.statuses()) > after)
+    loads = [s.get("rej_load") for s in running.reports.statuses()[start:]]
+    assert all(load == 0 for load in loads), f"forged requests counted as rejected load: {loads}"
+
+
 # --------------------------------------------------------------------------- signatures
 
 
@@ -186,14 +230,7 @@ def test_a_signature_for_another_worker_is_refused(running: Running) -> None:
     result = send(running.port, "/v1/completions", {"auth_data": running.auth(url=other, idx=9001),
                                                     "payload": {"prompt": "x"}})
     json_error(result, 401)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        deleted = [r for path, data in running.reports.reports if path.startswith("/delete_requests")
-                   for r in data.get("requests", [])]
-        if any(r.get("request_idx") == 9001 for r in deleted):
-            break
-        time.sleep(0.2)
-    assert [r["status"] for r in deleted if r.get("request_idx") == 9001] == ["Rejected"]
+    assert running.reports.wait_outcomes({9001})[9001]["status"] == "Rejected"
     assert "signed for another worker's URL" in running.worker.text
 
 

@@ -16,8 +16,8 @@ Behaviour switches are environment variables: see `bakery_standin.core.Options`.
 
 # The engine releases whose log grammar the stand-ins reproduce (the stand-in images are tagged
 # with these). The stand-in's own versions are these plus the PEP 440 local label "+standin".
-VLLM_VERSION = "0.11.0"
-SGLANG_VERSION = "0.5.4"
+VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
 STANDIN_LABEL = "standin"
 
 __version__ = "1.0.0"

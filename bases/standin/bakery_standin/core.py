@@ -431,6 +431,8 @@ class EngineProfile:
     bind_early = False  # bind (not listen) before loading, as vLLM does
     listen_before_ready = False  # listen during warm-up answering /health 503, as SGLang does
     warmup_default = 0.0
+    # What a listen-before-ready engine asks itself before its warm-up request (SGLang 0.5.23: /model_info).
+    warmup_info_path = "/model_info"
     default_fail_reason = "RuntimeError: stand-in failure"
     default_warmup_reason = "RuntimeError: stand-in warm-up failure"
     default_crash_reason = "RuntimeError: stand-in crash"
@@ -873,15 +875,15 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
             return 1
         if not cfg.skip_warmup:
             try:
-                self_request(cfg, "GET", "/get_model_info")
+                self_request(cfg, "GET", profile.warmup_info_path)
                 status, text = self_request(cfg, "POST", "/generate", {
                     "text": "The capital city of France is",
                     "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
             except OSError as exc:
                 status, text = 0, str(exc)
             if status != 200:
-                profile.fatal_warmup(cfg, f"AssertionError: res=<Response [{status}]>, "
-                                          f"res.text={text!r}")
+                # SGLang 0.5.23 asserts the warm-up answer with `assert res.status_code == 200, f"{res.text}"`.
+                profile.fatal_warmup(cfg, f"AssertionError: {text}")
                 server.shutdown()
                 server.server_close()
                 return 1

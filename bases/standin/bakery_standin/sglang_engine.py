@@ -2,10 +2,11 @@
 
 SGLang loads the weights with its port closed, then starts uvicorn (`Uvicorn running on http://...`
 comes BEFORE warm-up ends), answers /health with 503 while it warms up by sending itself
-`GET /get_model_info` and `POST /generate`, then prints `The server is fired up and ready to roll!`
+`GET /model_info` and `POST /generate`, then prints `The server is fired up and ready to roll!`
 and /health answers 200. Its lines look like `[YYYY-mm-dd HH:MM:SS] message` (`... TP0]` from the
 scheduler) and go to stderr; uvicorn's access lines go to stdout. Fatal: `Scheduler hit an
-exception: ...`, `Initialization failed. warmup error: ...`.
+exception: ...`, `Initialization failed. warmup error: ...`. Files and line numbers in tracebacks are
+those of SGLang 0.5.23's source (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -95,8 +96,7 @@ class SglangProfile(EngineProfile):
     default_fail_reason = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
                            "GPU 0 has a total capacity of 0 bytes "
                            "(bakery stand-in: STANDIN_FAIL_LOAD)")
-    default_warmup_reason = ("AssertionError: res=<Response [502]>, res.text='' "
-                             "(bakery stand-in: STANDIN_FAIL_LOAD=warmup)")
+    default_warmup_reason = "AssertionError: Internal Server Error (bakery stand-in: STANDIN_FAIL_LOAD=warmup)"
     default_crash_reason = ("RuntimeError: CUDA error: an illegal memory access was encountered "
                             "(bakery stand-in: STANDIN_CRASH_AFTER_LOAD)")
 
@@ -149,12 +149,11 @@ class SglangProfile(EngineProfile):
             self.log(f"stand-in: unknown args tolerated and ignored: {cfg.extra['unknown']!r}")
 
     def loading(self, cfg: ServeConfig) -> None:
-        self.log("Init torch distributed begin.", tp=True)
         self.log("Load weight begin. avail mem=0.00 GB (stand-in: no GPU)", tp=True)
 
     def loaded(self, cfg: ServeConfig, seconds: float) -> None:
-        self.log("Load weight end. type=StandinForCausalLM, dtype=torch.bfloat16, "
-                 f"avail mem=0.00 GB, mem usage=0.00 GB, took {seconds:.2f} s (stand-in).", tp=True)
+        self.log(f"Load weight end. elapsed={seconds:.2f} s, type=StandinForCausalLM, "
+                 "avail mem=0.00 GB, mem usage=0.00 GB. (stand-in)", tp=True)
         self.log(f"max_total_num_tokens=65536, chunked_prefill_size=8192, max_prefill_tokens=16384, "
                  f"max_running_requests=256, context_len={cfg.max_model_len}, "
                  "available_gpu_mem=0.00 GB", tp=True)
@@ -172,11 +171,10 @@ class SglangProfile(EngineProfile):
     def fatal_load(self, cfg: ServeConfig, reason: str) -> None:
         emit("\n".join([
             f"{_ts(True)} Scheduler hit an exception: Traceback (most recent call last):",
-            f'  File "{PKG}/srt/managers/scheduler.py", line 2964, in run_scheduler_process',
-            "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, "
-            "pp_rank, dp_rank)",
-            f'  File "{PKG}/srt/model_executor/model_runner.py", line 312, in load_model',
-            "    self.model = get_model(model_config=self.model_config, load_config=load_config)",
+            f'  File "{PKG}/srt/managers/scheduler.py", line 6362, in run_scheduler_process',
+            "    scheduler = Scheduler(server_args, port_args)",
+            f'  File "{PKG}/srt/model_executor/model_runner.py", line 1274, in load_model',
+            "    logger.info(",
             reason,
             "",
         ]), sys.stderr)
@@ -185,18 +183,16 @@ class SglangProfile(EngineProfile):
     def fatal_warmup(self, cfg: ServeConfig, reason: str) -> None:
         emit("\n".join([
             f"{_ts()} Initialization failed. warmup error: Traceback (most recent call last):",
-            f'  File "{PKG}/srt/entrypoints/http_server.py", line 1285, in _wait_and_warmup',
-            '    assert res.status_code == 200, f"{res=}, {res.text=}"',
+            f'  File "{PKG}/srt/entrypoints/http_server.py", line 2501, in _execute_server_warmup',
+            '    assert res.status_code == 200, f"{res.text}"',
             reason,
         ]), sys.stderr)
 
     def crash(self, cfg: ServeConfig, reason: str) -> None:
         emit("\n".join([
             f"{_ts(True)} Scheduler hit an exception: Traceback (most recent call last):",
-            f'  File "{PKG}/srt/managers/scheduler.py", line 2975, in run_scheduler_process',
-            "    scheduler.event_loop_overlap()",
-            f'  File "{PKG}/srt/managers/scheduler.py", line 1008, in event_loop_overlap',
-            "    batch_result = self.run_batch(batch)",
+            f'  File "{PKG}/srt/managers/scheduler.py", line 6368, in run_scheduler_process',
+            "    scheduler.run_event_loop()",
             reason,
             "",
         ]), sys.stderr)
@@ -212,7 +208,9 @@ class SglangProfile(EngineProfile):
 
     def extra_routes(self) -> dict[tuple[str, str], Callable[[Handler, dict[str, Any]], None]]:
         return {
-            ("GET", "/get_model_info"): self._model_info,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/get_model_info"): self._get_model_info,
+            ("GET", "/ready"): self._ready,
             ("GET", "/health_generate"): self._health_generate,
             ("POST", "/generate"): generate_route,
             **SGLANG_ROUTES,
@@ -221,8 +219,21 @@ class SglangProfile(EngineProfile):
     @staticmethod
     def _model_info(h: Handler, _body: dict[str, Any]) -> None:
         h.require_ready(auth=False, starting_ok=True)
-        h.send_json(200, {"model_path": h.server.cfg.model, "tokenizer_path": h.server.cfg.model,
-                          "is_generation": True})
+        cfg = h.server.cfg
+        h.send_json(200, {"model_path": cfg.model, "served_model_name": cfg.served_name,
+                          "tokenizer_path": cfg.model, "is_generation": True})
+
+    def _get_model_info(self, h: Handler, body: dict[str, Any]) -> None:
+        # Deprecated in 0.5.23 in favour of /model_info, with this warning; still answered.
+        self.log("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+                 "Please use '/model_info' instead.")
+        self._model_info(h, body)
+
+    @staticmethod
+    def _ready(h: Handler, _body: dict[str, Any]) -> None:
+        from bakery_standin.core import State
+
+        h.send_empty(200 if h.server.state.value == State.READY else 503)
 
     @staticmethod
     def _health_generate(h: Handler, _body: dict[str, Any]) -> None:

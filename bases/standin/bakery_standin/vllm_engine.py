@@ -1,10 +1,13 @@
 """The vLLM stand-in: vLLM's command lines, log grammar and /health behaviour (docs/engines.md).
 
 vLLM binds its port before loading but listens only when ready: until then connections are refused.
-Its logger writes `(APIServer pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] message` to stdout; uvicorn's
-own lines (`INFO:     Application startup complete.`) go to stderr with the same process prefix, and
-so do tracebacks. Ready line: `Application startup complete.`; fatal: `EngineCore failed to start.`,
-`RuntimeError: Engine core initialization failed. ...`.
+Its logger writes `(APIServer pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] message` to stdout; a message of
+several lines is written as one record whose every line carries that prefix, joined by `\r\n` (vLLM's
+NewLineFormatter), as its start-up logo and `logger.exception` tracebacks are. uvicorn's own lines
+(`INFO:     Application startup complete.`) go to stderr with the same process prefix, and so do
+uncaught tracebacks. Ready line: `Application startup complete.`; fatal: `EngineCore failed to start.`,
+`RuntimeError: Engine core initialization failed. ...`. File names and line numbers in the prefixes are
+those of vLLM 0.33.0's source (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ from bakery_standin.core import (
 VERSION = f"{VLLM_VERSION}+{STANDIN_LABEL}"
 DEFAULT_MODEL = "facebook/opt-125m"
 PKG = "/usr/local/lib/python3.11/dist-packages/vllm"
+# vLLM 0.33's start-up logo (vllm/entrypoints/common/startup.py) as its monochrome formatter writes it when
+# stdout is not a terminal; VLLM_DISABLE_LOG_LOGO=1 prints the one-line form instead.
+LOGO = ("\n       █     █     █▄   ▄█\n"
+        " ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}\n"
+        "  █▄█▀ █     █     █     █  model   {model}\n"
+        "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n")
+PLAIN_BANNER = "vLLM server version {version}, serving model {model}"
+ENGINE_CORE = "EngineCore"  # the engine process's name without data parallelism (v1/engine/core.py)
 
 USAGE = f"""usage: vllm serve [model_tag] [options]
 
@@ -108,7 +119,10 @@ class VllmProfile(EngineProfile):
     # -- output helpers ---------------------------------------------------------------------------
 
     def log(self, level: str, src: str, msg: str, proc: str = "APIServer") -> None:
-        emit(f"({proc} pid={self.pid}) {level} {_ts()} [{src}] {msg}", sys.stdout)
+        prefix = f"({proc} pid={self.pid}) {level} {_ts()} [{src}] "
+        # One record: every line of a multi-line message carries the prefix, joined by "\r\n" as vLLM's
+        # NewLineFormatter joins them.
+        emit(prefix + msg.replace("\n", "\r\n" + prefix), sys.stdout)
 
     def raw(self, lines: list[str], proc: str = "APIServer") -> None:
         emit("\n".join(f"({proc} pid={self.pid}) {line}" for line in lines), sys.stderr)
@@ -157,11 +171,12 @@ class VllmProfile(EngineProfile):
     # -- timeline ---------------------------------------------------------------------------------
 
     def banner(self, cfg: ServeConfig, opts: Options) -> None:
-        self.log("INFO", "api_server.py:1839", f"vLLM API server version {self.version}")
+        banner = PLAIN_BANNER if os.environ.get("VLLM_DISABLE_LOG_LOGO", "0") not in ("", "0") else LOGO
+        self.log("INFO", "startup.py:38", banner.format(version=self.version, model=cfg.model))
         self.log("WARNING", "standin.py:1", f"This is the bakery stand-in for vLLM {VLLM_VERSION}, "
                  "not vLLM: it loads no model and needs no GPU; answers are canned and "
                  "deterministic. Switches: STANDIN_* environment variables.")
-        self.log("INFO", "utils.py:233", f"non-default args: {cfg.extra['non_default']!r}")
+        self.log("INFO", "startup.py:96", f"non-default args: {cfg.extra['non_default']!r}")
         if cfg.extra["ignored"]:
             self.log("WARNING", "standin.py:2",
                      f"stand-in: engine args accepted without effect: {cfg.extra['ignored']!r}")
@@ -170,58 +185,55 @@ class VllmProfile(EngineProfile):
                      f"stand-in: unknown args tolerated and ignored: {cfg.extra['unknown']!r}")
 
     def loading(self, cfg: ServeConfig) -> None:
-        self.log("INFO", "model.py:547", "Resolved architecture: StandinForCausalLM")
-        self.log("INFO", "model.py:1510", f"Using max model len {cfg.max_model_len}")
-        core = "EngineCore_DP0"
-        self.log("INFO", "core.py:644", "Waiting for init message from front-end.", core)
-        self.log("INFO", "core.py:77", f"Initializing a V1 LLM engine (v{self.version}) with config: "
+        self.log("INFO", "model.py:744", "Resolved architecture: StandinForCausalLM")
+        self.log("INFO", "model.py:2170", f"Using max model len {cfg.max_model_len}")
+        core = ENGINE_CORE
+        self.log("INFO", "core.py:140", f"Initializing a V1 LLM engine (v{self.version}) with config: "
                  f"model={cfg.model!r}, served_model_name={cfg.served_name}, "
                  f"max_seq_len={cfg.max_model_len}, device_config=cpu (stand-in)", core)
-        self.log("INFO", "gpu_model_runner.py:2602", f"Starting to load model {cfg.model}...", core)
+        self.log("INFO", "gpu_model_runner.py:4979", f"Starting to load model {cfg.model}...", core)
 
     def loaded(self, cfg: ServeConfig, seconds: float) -> None:
-        core = "EngineCore_DP0"
-        self.log("INFO", "gpu_model_runner.py:2653",
-                 f"Model loading took 0.0000 GiB and {seconds:.6f} seconds", core)
-        self.log("INFO", "core.py:210",
-                 f"init engine (profile, create kv cache, warmup model) took {seconds:.2f} seconds",
-                 core)
+        core = ENGINE_CORE
+        self.log("INFO", "gpu_model_runner.py:5089",
+                 f"Model loading took 0.0 GiB memory and {seconds:.6f} seconds", core)
+        self.log("INFO", "core.py:413",
+                 f"init engine (profile, create kv cache, warmup model) took {seconds:.2f} s", core)
 
     def listening(self, cfg: ServeConfig) -> None:
-        self.log("INFO", "api_server.py:1634", "Supported_tasks: ['generate']")
-        self.log("INFO", "api_server.py:1912",
+        self.log("INFO", "entry.py:135", "Supported tasks: ('generate',)")
+        self.log("INFO", "entry.py:139",
                  f"Starting vLLM server on http://{self.display_host(cfg)}:{cfg.port}")
-        self.log("INFO", "launcher.py:34", "Available routes are:")
+        self.log("INFO", "launcher.py:188", "Available routes are:")
         routes: dict[str, list[str]] = {}
         for method, path in [*BASE_ROUTES, *self.extra_routes()]:
             routes.setdefault(path, []).append(method)
         for path, methods in routes.items():
-            self.log("INFO", "launcher.py:42", f"Route: {path}, Methods: {', '.join(methods)}")
+            self.log("INFO", "launcher.py:197", f"Route: {path}, Methods: {', '.join(methods)}")
         self.uvicorn(f"Started server process [{self.pid}]")
         self.uvicorn("Waiting for application startup.")
         self.uvicorn("Application startup complete.")
 
     def fatal_load(self, cfg: ServeConfig, reason: str) -> None:
-        core = "EngineCore_DP0"
-        frames = [
+        core = ENGINE_CORE
+        # logger.exception: one record, the traceback's lines under the message's prefix.
+        self.log("ERROR", "core.py:1584", "\n".join([
             "EngineCore failed to start.",
             "Traceback (most recent call last):",
-            f'  File "{PKG}/v1/engine/core.py", line 699, in run_engine_core',
-            "    engine_core = EngineCoreProc(*args, **kwargs)",
-            f'  File "{PKG}/v1/engine/core.py", line 498, in __init__',
-            "    super().__init__(vllm_config, executor_class, log_stats,",
-            f'  File "{PKG}/v1/engine/core.py", line 92, in __init__',
-            "    self._initialize_kv_caches(vllm_config)",
+            f'  File "{PKG}/v1/engine/core.py", line 1555, in run_engine_core',
+            "    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)",
+            f'  File "{PKG}/v1/engine/core.py", line 1172, in __init__',
+            "    super().__init__(",
+            f'  File "{PKG}/v1/engine/core.py", line 163, in __init__',
+            "    kv_cache_config = self._initialize_kv_caches(vllm_config)",
             reason,
-        ]
-        for line in frames:
-            self.log("ERROR", "core.py:708", line, core)
+        ]), core)
         self.raw([
-            "Process EngineCore_DP0:",
+            f"Process {core}:",
             "Traceback (most recent call last):",
             '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap',
             "    self.run()",
-            f'  File "{PKG}/v1/engine/core.py", line 712, in run_engine_core',
+            f'  File "{PKG}/v1/engine/core.py", line 1588, in run_engine_core',
             "    raise e",
             reason,
         ], core)
@@ -232,38 +244,36 @@ class VllmProfile(EngineProfile):
         self.raw([
             "Traceback (most recent call last):",
             *top,
-            f'  File "{PKG}/v1/engine/utils.py", line 732, in wait_for_engine_startup',
+            f'  File "{PKG}/v1/engine/utils.py", line 1473, in wait_for_engine_startup',
             "    raise RuntimeError(",
             "RuntimeError: Engine core initialization failed. See root cause above. "
-            "Failed core proc(s): {'EngineCore_DP0': 1}",
+            f"Failed core proc(s): {{'{ENGINE_CORE}': 1}}",
         ])
 
     def fatal_warmup(self, cfg: ServeConfig, reason: str) -> None:
         self.fatal_load(cfg, reason)
 
     def crash(self, cfg: ServeConfig, reason: str) -> None:
-        for line in (
+        self.log("ERROR", "core.py:1586", "\n".join([
             "EngineCore encountered a fatal error.",
             "Traceback (most recent call last):",
-            f'  File "{PKG}/v1/engine/core.py", line 771, in run_engine_core',
+            f'  File "{PKG}/v1/engine/core.py", line 1570, in run_engine_core',
             "    engine_core.run_busy_loop()",
             reason,
-        ):
-            self.log("ERROR", "core.py:780", line, "EngineCore_DP0")
-        for line in (
+        ]), ENGINE_CORE)
+        self.log("ERROR", "async_llm.py:943", "\n".join([
             "AsyncLLM output_handler failed.",
             "Traceback (most recent call last):",
-            f'  File "{PKG}/v1/engine/async_llm.py", line 439, in output_handler',
+            f'  File "{PKG}/v1/engine/async_llm.py", line 880, in output_handler',
             "    outputs = await engine_core.get_output_async()",
             "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
             "See stack trace (above) for the root cause.",
-        ):
-            self.log("ERROR", "async_llm.py:480", line)
+        ]))
 
     def bind_error(self, cfg: ServeConfig, exc: OSError) -> None:
         self.raw([
             "Traceback (most recent call last):",
-            f'  File "{PKG}/entrypoints/openai/api_server.py", line 1856, in create_server_socket',
+            f'  File "{PKG}/entrypoints/launchers/launcher.py", line 353, in create_server_socket',
             "    sock.bind(addr)",
             f"OSError: [Errno {exc.errno}] {exc.strerror}",
         ])

@@ -568,6 +568,20 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str],
     return config, note
 
 
+SDK_HANDLER_FACTORY = ("vastai.serverless.server.worker", "EndpointHandlerFactory")
+
+
+def endpoint_handlers(config: Any) -> dict[str, Any] | None:
+    """The SDK's EndpointHandler of each route of `config`, made as the SDK's Worker makes them (the
+    outcomes guard counts a refused request's workload with them); None when a changed SDK has no
+    factory."""
+    try:
+        factory = getattr(importlib.import_module(SDK_HANDLER_FACTORY[0]), SDK_HANDLER_FACTORY[1])
+    except (ImportError, AttributeError):
+        return None
+    return factory(config).get_all_handlers()
+
+
 def watch_log_file(path: str, first: float = 60.0, every: float = 300.0,
                    stop: threading.Event | None = None) -> threading.Thread:
     """Warn on stderr while `path` (MODEL_LOG) does not exist: the SDK waits for it silently, forever.
@@ -748,9 +762,13 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     worker = sdk.Worker(config)
     if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
         _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
+    handlers = endpoint_handlers(config)
+    if handlers is None:
+        _warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "
+              "reported with no load")
     try:
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
-                             report_addr=env.get("REPORT_ADDR", "").strip())
+                             report_addr=env.get("REPORT_ADDR", "").strip(), handlers=handlers)
         serving.install(ctx, drain_seconds, limits.retry_after)  # stream release, prompt report, drain
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)

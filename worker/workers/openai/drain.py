@@ -9,7 +9,11 @@ answer half-sent included, was cut. With it:
    than a refused connection.
 2. Requests in flight run to their end (a streamed answer to its last byte), up to
    BAKERY_DRAIN_TIMEOUT seconds (default 8, inside Docker's default grace).
-3. The worker exits 0; supervisord then stops the engine (worker/boot/entrypoint.py orders the two
+3. The outcomes of the requests that ended meanwhile (served, and refused with 503) are sent to the
+   autoscaler before the exit (the SDK sends them once a second: the last ones would be lost), within
+   what is left of the drain time and at least FLUSH_FLOOR seconds (inside the 2 s supervisord gives
+   the worker beyond the drain).
+4. The worker exits 0; supervisord then stops the engine (worker/boot/entrypoint.py orders the two
    and gives the worker stopwaitsecs to cover the drain).
 
 Hooked into the SDK's server through the guards' Context (an outermost middleware and a startup
@@ -27,7 +31,7 @@ import signal
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
@@ -36,6 +40,9 @@ MAX_DRAIN_SECONDS = 3600.0
 RANK = -1  # outermost: a refused request must not reach any other middleware
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
+FLUSH_FLOOR = 1.0  # seconds the outcome reports get even when the requests in flight used the whole drain
+# The SDK's send of queued request outcomes (vastai 1.9.1 Metrics, name-mangled private method).
+SEND_OUTCOMES = "_Metrics__send_delete_requests_and_reset"
 
 log = logging.getLogger("bakery.drain")
 
@@ -74,11 +81,13 @@ class Drain:
     """
 
     def __init__(self, seconds: float, retry_after: int, routes: tuple[str, ...],
-                 exit: Callable[[int], Any] = os._exit) -> None:
+                 exit: Callable[[int], Any] = os._exit,
+                 send_outcomes: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.seconds = seconds
         self.retry_after = retry_after
         self.routes = routes
         self.exit = exit
+        self.send_outcomes = send_outcomes
         self.in_flight = 0
         self.draining = False
         self.refused = 0
@@ -139,6 +148,7 @@ class Drain:
             await self._flush(start + self.seconds)
             _say(f"bakery-worker: drained in {time.monotonic() - start:.2f} s "
                  f"({self.refused} request(s) refused meanwhile); exiting")
+        await self._report(start + self.seconds)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -149,6 +159,18 @@ class Drain:
         while time.monotonic() < deadline and any(
                 not t.is_closing() and t.get_write_buffer_size() for t in list(self._unflushed)):
             await asyncio.sleep(_FLUSH_POLL)
+
+    async def _report(self, deadline: float) -> None:
+        """Send the queued request outcomes now, bounded by the drain's deadline (FLUSH_FLOOR at least)."""
+        if self.send_outcomes is None:
+            return
+        bound = max(deadline - time.monotonic(), FLUSH_FLOOR)
+        try:
+            await asyncio.wait_for(self.send_outcomes(), bound)
+        except asyncio.TimeoutError:
+            _say(f"bakery-worker: the request outcomes were not sent within {bound:.1f} s; exiting anyway")
+        except Exception as exc:  # noqa: BLE001 (the exit must happen whatever the report did)
+            _say(f"bakery-worker: sending the request outcomes failed ({type(exc).__name__}); exiting anyway")
 
     async def on_startup(self, _app: Any) -> None:
         """Take SIGTERM and SIGINT on the server's loop (once, for the first app)."""
@@ -162,7 +184,14 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
     startup); call before worker.run()."""
     from aiohttp import web
 
-    drain = Drain(seconds, retry_after, tuple(ctx.routes))
+    from workers.openai.guards import GuardError
+
+    metrics = getattr(ctx.backend, "metrics", None)
+    send = getattr(metrics, SEND_OUTCOMES, None)
+    if send is None:
+        raise GuardError(f"the SDK's Metrics has no {SEND_OUTCOMES} any more (vastai changed): update "
+                         "worker/workers/openai/drain.py")
+    drain = Drain(seconds, retry_after, tuple(ctx.routes), send_outcomes=send)
 
     @web.middleware
     async def draining(request: Any, handler: Any) -> Any:

@@ -21,6 +21,12 @@ the worker with exit 4 instead of running unguarded):
   `Metrics._model_loaded`.
 - log_hygiene: no log line prints a query string.
 - http_listener: the SDK's second listener (WORKER_HTTP_PORT) binds 127.0.0.1 only.
+- outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
+  before the model is loaded or while draining) or does not report (its own 422), of an envelope
+  signed for this worker, reaches /delete_requests/ as "Rejected", as the SDK's own 401/429 do; and
+  a forged request (its 401 is reported by the SDK) counts no load in rej_load, since its workload is
+  computed from a payload nobody signed. Hooks: `_Backend__check_signature`, `Metrics._request_reject`,
+  the SDK's AuthData and RequestMetrics types.
 
 This module imports only the standard library at import time (its rules are unit-tested on the host);
 aiohttp and the SDK are imported by install(), inside the worker's venv.
@@ -52,6 +58,7 @@ ACTIVE = (
     "pubkey_retry",
     "log_hygiene",
     "http_listener",
+    "outcomes",
 )
 
 SERVER_MODULE = "vastai.serverless.server.lib.server"
@@ -295,10 +302,13 @@ class Context:
     runner_kwargs: dict[str, Any] = field(default_factory=dict)
     site_hosts: dict[int, str] = field(default_factory=dict)
     on_startup: list[Callable[[Any], Awaitable[None]]] = field(default_factory=list)
+    handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> the SDK's EndpointHandler
 
 
 # Middleware order, outermost first: refusals that need no body before those that read it.
-RANK = {"self_update": 0, "limits_body": 1, "sessions": 2, "not_ready": 3, "envelope": 4, "limits_engine": 5}
+# outcomes is outermost (outside the drain's -1): it sees every refusal, the drain's 503 included.
+RANK = {"outcomes": -2, "self_update": 0, "limits_body": 1, "sessions": 2, "not_ready": 3, "envelope": 4,
+        "limits_engine": 5}
 # Set per request by the limits guard; the engine-call wrapper records a timeout in it (a task the
 # SDK creates for the call copies the context, and with it this same dict).
 _OUTCOME: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("bakery_outcome", default=None)
@@ -599,6 +609,90 @@ def _install_http_listener(ctx: Context, web: Any) -> None:
     ctx.site_hosts[ctx.http_port] = LOOPBACK
 
 
+# --------------------------------------------------------------------------- outcomes
+
+# The refusals whose outcome the SDK never reports: the worker's own 503s (not loaded, draining) and
+# 422s, and the SDK's 422. (413 and 408 are left: their body was never read whole, so they name no
+# request; every other status was reported by the SDK's handler.)
+REPORTED_REFUSALS = (422, 503)
+# How long the outcomes guard waits for the body of a refused request it has not read yet (a 503 while
+# draining comes before any body is read): the platform's envelopes arrive at once.
+REFUSAL_READ_SECONDS = 2.0
+_SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("bakery_signature", default=None)
+
+
+def _install_outcomes(ctx: Context, web: Any) -> None:
+    data_types = sys.modules.get(DATA_TYPES_MODULE)
+    auth_cls = _hook(data_types, "AuthData", "outcomes")
+    metrics_cls = _hook(data_types, "RequestMetrics", "outcomes")
+    backend = ctx.backend
+    metrics = _hook(backend, "metrics", "outcomes")
+    reject = _hook(metrics, "_request_reject", "outcomes")
+    check = _hook(backend, "_Backend__check_signature", "outcomes")  # own_url's, when it is installed first
+    _hook(backend, "_pubkey", "outcomes")
+    routes, handlers = ctx.routes, ctx.handlers
+
+    def check_signature(auth_data: Any) -> bool:
+        valid = check(auth_data)
+        seen = _SIGNATURE.get()
+        if seen is not None:
+            seen["forged"] = not valid
+        return valid
+
+    def request_reject(request_metrics: Any) -> None:
+        seen = _SIGNATURE.get()
+        if seen is not None and seen.get("forged"):
+            request_metrics.workload = 0.0  # the SDK computed it from an unsigned payload
+        reject(request_metrics)
+
+    def workload_of(route: str, data: dict[str, Any]) -> float:
+        # The SDK's own count for the route (its handler's payload type), 0 for a payload it cannot read.
+        handler = handlers.get(route)
+        try:
+            _, payload, _ = handler.get_data_from_request(data)
+            return float(payload.count_workload())
+        except Exception:  # noqa: BLE001 (an unusable payload is no load)
+            return 0.0
+
+    async def signed_envelope(request: Any) -> dict[str, Any] | None:
+        """The request's envelope when it is signed for this worker, else None (nothing to trust)."""
+        if backend._pubkey is None and not backend.unsecured:
+            return None  # no key yet: no signature can be checked
+        try:
+            data, error = await _within(_read_json(request), REFUSAL_READ_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 (too slow, too large, cut: an unread body names no request)
+            return None
+        auth = data.get("auth_data") if error is None and isinstance(data, dict) else None
+        if not isinstance(auth, dict) or auth_error(auth, "auth_data"):
+            return None
+        return data if backend._Backend__check_signature(auth_cls.from_json_msg(auth)) else None
+
+    @web.middleware
+    async def outcomes(request: Any, handler: Any) -> Any:
+        if request.path not in routes:
+            return await handler(request)
+        seen: dict[str, bool] = {}
+        token = _SIGNATURE.set(seen)
+        try:
+            response = await handler(request)
+            if response.status in REPORTED_REFUSALS and "forged" not in seen:
+                data = await signed_envelope(request)
+                if data is not None:
+                    auth = data["auth_data"]
+                    reject(metrics_cls(request_idx=auth["request_idx"], reqnum=auth["reqnum"],
+                                       workload=workload_of(request.path, data), status="Created",
+                                       entered_queue_at=time.time()))
+            return response
+        finally:
+            _SIGNATURE.reset(token)
+
+    backend._Backend__check_signature = check_signature
+    metrics._request_reject = request_reject
+    ctx.middlewares.append((RANK["outcomes"], outcomes))
+
+
 INSTALLERS: dict[str, Callable[[Context, Any], None]] = {
     "own_url": _install_own_url,
     "sessions": _install_sessions,
@@ -609,6 +703,7 @@ INSTALLERS: dict[str, Callable[[Context, Any], None]] = {
     "pubkey_retry": _install_pubkey_retry,
     "log_hygiene": _install_log_hygiene,
     "http_listener": _install_http_listener,
+    "outcomes": _install_outcomes,
 }
 
 
@@ -645,11 +740,13 @@ class WebShim:
 
 
 def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: int, report_addr: str,
-            active: tuple[str, ...] | None = None) -> Context:
+            active: tuple[str, ...] | None = None, handlers: Mapping[str, Any] | None = None) -> Context:
     """Install the guards named in `active` (default ACTIVE) around the SDK Worker `worker`.
 
-    Call after the Worker is made (it owns the Backend) and before worker.run(). Raises GuardError
-    for an unknown name or a missing SDK hook.
+    Call after the Worker is made (it owns the Backend) and before worker.run(). `handlers` maps each
+    served route to the SDK's EndpointHandler for it (the outcomes guard counts a refused request's
+    workload with it; without it a refusal counts no load). Raises GuardError for an unknown name or a
+    missing SDK hook.
     """
     names = ACTIVE if active is None else active
     unknown = [name for name in names if name not in INSTALLERS]
@@ -662,7 +759,7 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
                          "update worker/workers/openai/guards.py")
     real_web = web._real if isinstance(web, WebShim) else web
     ctx = Context(backend=_hook(worker, "backend", "install"), limits=limits, routes=tuple(routes),
-                  http_port=http_port, report_addr=report_addr)
+                  http_port=http_port, report_addr=report_addr, handlers=dict(handlers or {}))
     for name in names:
         INSTALLERS[name](ctx, real_web)
     server.web = WebShim(real_web, ctx)
