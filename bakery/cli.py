@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 from bakery import __version__
+from bakery.checkout import BuildFacts
 from bakery.errors import BakeryError, InputError
 from bakery.image_ref import ReferenceRefused, check_reference
-from bakery.render import RenderOptions, check_templates_dir, render
+from bakery.plan import BuildOptions, choose_base, make_plan
+from bakery.render import check_templates_dir, render
 from bakery.spec import EngineSpec, available_engines, load_engine
 from bakery.tags import check_repository
 
@@ -107,15 +109,15 @@ def cmd_list(images_dir: Path | None = None) -> int:
     return 0
 
 
-def cmd_render(specs: list[EngineSpec], args: argparse.Namespace) -> int:
-    """--render-only: print or write the Dockerfiles."""
+def cmd_render(specs: list[EngineSpec], options: BuildOptions, *, out: Path | None, quiet: bool) -> int:
+    """--render-only: print the Dockerfiles, or write out/<engine>/Dockerfile."""
     for spec in specs:
-        rendered = render(spec, _render_options(spec, args))
-        if args.out:
-            target = args.out / spec.name / "Dockerfile"
+        rendered = render(spec, choose_base(spec, options).render_options(options.templates_dir))
+        if out:
+            target = out / spec.name / "Dockerfile"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(rendered.dockerfile, encoding="utf-8")
-            if not args.quiet:
+            if not quiet:
                 print(f"wrote {target}", file=sys.stderr)
         else:
             if len(specs) > 1:
@@ -124,26 +126,11 @@ def cmd_render(specs: list[EngineSpec], args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_options(spec: EngineSpec, args: argparse.Namespace) -> RenderOptions:
-    if args.base_image is not None:
-        return RenderOptions(base_image=args.base_image, base_image_source="--base-image",
-                             templates_dir=args.templates_dir)
-    if args.local:
-        ref, source = local_base(spec)
-        return RenderOptions(base_image=ref, base_image_source=source, templates_dir=args.templates_dir)
-    return RenderOptions(templates_dir=args.templates_dir)
-
-
-def local_base(spec: EngineSpec) -> tuple[str, str]:
-    """The image ref of the spec's local base, and where it comes from; InputError when it has none."""
-    from bakery.base_catalogue import BASES  # the catalogue only: plain rendering needs no Docker
-
-    where = f"{spec.spec_path}: base.local"
-    if not spec.base.local:
-        raise InputError(f"{where} is not set, so --local has no base to use")
-    if spec.base.local not in BASES:
-        raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
-    return BASES[spec.base.local].ref, f"{where} ({spec.base.local!r})"
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """The typed options of build.py's flags: the only place argparse's namespace is read past parsing."""
+    return BuildOptions(local=args.local, base_image=args.base_image, repository=args.repository,
+                        templates_dir=args.templates_dir, images_dir=args.images_dir,
+                        verify=not args.no_verify, push=args.push)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -171,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             return cmd_list(args.images_dir)
         specs = _engines(args)
-        if args.local and not args.base_image:
-            for spec in specs:
-                local_base(spec)  # every path (render, bake file, build) names a bad base.local the same way
+        options = build_options(args)
+        for spec in specs:
+            choose_base(spec, options)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
             from bakery.show import show
 
@@ -181,16 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(show(spec))
             return 0
         if args.render_only:
-            return cmd_render(specs, args)
+            return cmd_render(specs, options, out=args.out, quiet=args.quiet)
+        facts = BuildFacts.of_checkout()  # once: every plan's labels and tags name the same commit
+        plans = [make_plan(spec, options, facts) for spec in specs]
         if args.bake_file:
             from bakery.bakefile import write_bake_file
 
-            write_bake_file(specs, args.bake_file, local=args.local, repository=args.repository,
-                            templates_dir=args.templates_dir)
+            write_bake_file(plans, args.bake_file)
             return 0
         from bakery.pipeline import run_pipeline
 
-        summary = run_pipeline(specs, args)
+        summary = run_pipeline(plans, quiet=args.quiet)
         if args.json:
             print(json.dumps(summary, indent=2))
         return 0 if all(item["ok"] for item in summary["engines"]) else 1

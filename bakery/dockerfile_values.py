@@ -30,7 +30,7 @@ from bakery.secrets import secret_value_reason
 _UNREPRESENTABLE = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte"}
 
 
-# The build arguments the renderer may expand in labels (bakery.builder.build_args), and nothing else.
+# The build arguments the renderer may expand in labels (bakery.checkout.BuildFacts), and nothing else.
 BUILD_ARGS = ("BAKERY_REVISION", "BAKERY_CREATED")
 
 

@@ -29,6 +29,8 @@ NAME_MAX = 255
 FORM = "[registry[:port]/]name[:tag][@sha256:<64 hex>], name in lower-case"
 # go-digest's registered algorithms and the exact length of each one's hex encoding.
 DIGEST_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
+# The one digest form registries answer with and bakery records (an image id is one too).
+SHA256_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
@@ -81,6 +83,26 @@ def _why_not(ref: str) -> str:
         if not re.fullmatch(_TAG, tag, re.ASCII):
             return f"tag {tag!r} is invalid (letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')"
     return "does not follow the reference grammar (name components: a-z, 0-9, '.', '_', '-')"
+
+
+def registry_of(ref: str) -> str:
+    """The registry host of an image reference, as Docker resolves it (docker.io when none is named):
+    the first component is a host when it has a `.` or a `:`, or is `localhost`."""
+    first, slash, _rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def name_and_tag(ref: str) -> tuple[str, str]:
+    """The repository name and the tag of `ref` (`latest` when it names none), as the grammar splits them.
+
+    A registry port is part of the name (`localhost:5000/acme/x:1` → `localhost:5000/acme/x`, `1`),
+    which splitting at the last `:` gets wrong for a reference without a tag.
+    """
+    match = _REFERENCE.fullmatch(check_reference(ref))
+    assert match is not None  # check_reference refused anything else
+    return match.group("name"), match.group("tag") or "latest"
 
 
 def check_reference(ref: str) -> str:

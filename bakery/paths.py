@@ -15,6 +15,7 @@ TEMPLATES_DIR = REPO_ROOT / "templates"  # Jinja2 Dockerfile templates and their
 RENDERED_DIR = REPO_ROOT / "rendered"  # the committed, generated Dockerfiles
 BASES_DIR = REPO_ROOT / "bases"  # what the local bases are made from
 WORKER_DIR = REPO_ROOT / "worker"  # the worker copied into every image
+WORKER_REQUIREMENTS = WORKER_DIR / "requirements.txt"  # its hash lock (worker/lock.py writes it)
 GATE_DIR = REPO_ROOT / "tests" / "image"  # the verification gate
 
 CACHE_VAR = "BAKERY_CACHE"

@@ -28,14 +28,17 @@ project's test machines) this path is checked by unit tests and actionlint only:
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bakery.bakefile import DIGEST, EPOCH_ARG, load_bake_file, target_of
+from bakery import docker_cli
+from bakery.bakefile import EPOCH_ARG, load_bake_file, target_of
+from bakery.docker_cli import imagetools_inspect_raw as inspect_raw  # the default reader (tests replace it)
+from bakery.docker_cli import run as run_command  # the default runner: from the bake file's directory
 from bakery.errors import BuildError, InputError, VerificationError
+from bakery.image_ref import SHA256_DIGEST as DIGEST
 
 # BuildKit's attestation storage (docs/attestations/attestation-storage.md in moby/buildkit).
 REFERENCE_TYPE = "vnd.docker.reference.type"
@@ -145,18 +148,14 @@ def read_back(repository: str, index_digest: str, *, platform: str, image_id: st
 def bake_push_command(bake_files: list[Path], target: str, *, repository: str, metadata_file: Path) -> list[str]:
     """The second buildx run: the same bake files and target (so the same cached build), with a
     provenance attestation, pushed by digest to `repository` (a push by digest takes no tag)."""
-    files = [arg for path in bake_files for arg in ("-f", str(Path(path).resolve()))]
-    return ["docker", "buildx", "bake", *files,
-            "--set", f"{target}.attest={ATTEST}",
-            "--set", f"{target}.tags={repository}",
-            "--set", f"{target}.output={PUSH_OUTPUT}",
-            "--metadata-file", str(Path(metadata_file).resolve()), target]
+    settings = [f"{target}.attest={ATTEST}", f"{target}.tags={repository}", f"{target}.output={PUSH_OUTPUT}"]
+    return docker_cli.buildx_bake(bake_files, target, settings=settings, metadata_file=metadata_file)
 
 
 def tag_command(tag: str, source: str) -> list[str]:
     """`imagetools create` with one index source makes `tag` a carbon copy of it (buildx's documented
     behaviour), so the per-platform tag holds the checked index, attestation included."""
-    return ["docker", "buildx", "imagetools", "create", "--tag", tag, source]
+    return docker_cli.imagetools_create([tag], [source])
 
 
 def pushed_digests(metadata: dict[str, Any], target: str, where: Path) -> tuple[str, str]:
@@ -176,20 +175,6 @@ def require_epoch(bake_file: Path, target: str) -> str:
         raise InputError(f"{bake_file}: target {target} has no {EPOCH_ARG} build arg, so a second buildx run would "
                          f"stamp a new config time: write the bake file again with build.py --bake-file")
     return epoch
-
-
-def run_command(cmd: list[str], cwd: Path) -> None:
-    """Run a buildx command from the bake file's directory (its contexts are relative to it)."""
-    proc = subprocess.run(cmd, cwd=cwd, check=False)  # buildx's own progress goes to the log as it comes
-    if proc.returncode != 0:
-        raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode})")
-
-
-def inspect_raw(ref: str) -> dict[str, Any] | None:
-    """The raw manifest or index at `ref` (buildx imagetools), or None when the registry has none."""
-    from bakery.release import imagetools_inspect_raw
-
-    return imagetools_inspect_raw(ref)
 
 
 def push_with_provenance(bake_file: Path, overrides: list[Path], target: str, *, repository: str, platform: str,

@@ -28,27 +28,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakery.bakefile import (
-    BASE_DIGEST_LABEL,
-    BASE_NAME_LABEL,
-    DIGEST,
-    engine_of,
-    load_bake_file,
-    pinned_digest,
-    plan_targets,
-    target_of,
-)
+from bakery import docker_cli
+from bakery.bakefile import BASE_DIGEST_LABEL, BASE_NAME_LABEL, pinned_digest, read_target, target_name
 from bakery.errors import BakeryError, BuildError, InputError, VerificationError
+from bakery.image_ref import SHA256_DIGEST as DIGEST
+from bakery.plan import BuildOptions, choose_base, platforms_for
 from bakery.provenance import is_attestation, push_with_provenance, read_back
 from bakery.spec import available_engines, load_engine
-from bakery.tags import check_repository, platform_tag, release_tags
+from bakery.tags import check_repository, has_commit, release_tags, repository_prefix
 
 # GitHub-hosted runners per platform: the gate runs the image, so each platform builds natively.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
@@ -98,9 +91,12 @@ class VerifiedRecord:
 
 def matrix(engines: list[str], *, local: bool) -> dict[str, Any]:
     """GitHub's `strategy.matrix` for the image workflow: one entry per bake target."""
-    plans = plan_targets([load_engine(name) for name in engines], local=local)
-    return {"include": [{"engine": p.spec.name, "target": p.name, "platform": p.platform,
-                         "runner": RUNNERS[p.platform]} for p in plans]}
+    include = []
+    for spec in [load_engine(name) for name in engines]:
+        platforms = platforms_for(spec, choose_base(spec, BuildOptions(local=local)))
+        include += [{"engine": spec.name, "target": target_name(spec, platform), "platform": platform,
+                     "runner": RUNNERS[platform]} for platform in platforms]
+    return {"include": include}
 
 
 # ---- verify (and push) one bake-built image -------------------------------------------------------
@@ -112,15 +108,12 @@ def _say(message: str) -> None:
 
 def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str) -> str:
     """The id of the image bake loaded: its candidate tag's image, cross-checked with bake's metadata."""
-    import docker.errors
+    from bakery import docker_engine
 
-    from bakery.docker_engine import client
-
-    try:
-        image_id = client().images.get(candidate).id
-    except docker.errors.ImageNotFound:
+    image_id = docker_engine.image_id(candidate)
+    if image_id is None:
         raise BuildError(f"{candidate} is not on the Docker engine: build the target with "
-                         f"`docker buildx bake --load {target}` first") from None
+                         f"`docker buildx bake --load {target}` first")
     if metadata is not None:
         config = (metadata.get(target) or {}).get("containerimage.config.digest")
         if not config:
@@ -130,17 +123,12 @@ def built_image_id(candidate: str, metadata: dict[str, Any] | None, target: str)
     return image_id
 
 
-def image_labels(image_id: str) -> dict[str, str]:
-    """The labels of an image on the local engine."""
-    from bakery.docker_engine import client
-
-    return dict(client().images.get(image_id).labels or {})
-
-
 def built_base(image_id: str, target: str, *, required: bool) -> tuple[str, str]:
     """The base name and digest an image records in its labels; a release (required) must have both,
     and a base the spec pinned by digest must be that digest."""
-    labels = image_labels(image_id)
+    from bakery import docker_engine
+
+    labels = docker_engine.image_labels(image_id)
     name, digest = labels.get(BASE_NAME_LABEL, ""), labels.get(BASE_DIGEST_LABEL, "")
     if digest and not DIGEST.match(digest):
         raise BuildError(f"{target}: {image_id[:19]} labels {BASE_DIGEST_LABEL}={digest!r}: not a sha256 digest")
@@ -170,16 +158,9 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
 
     if gate is None:
         from bakery.verify import run_gate as gate
-    bake = load_bake_file(bake_file)
-    definition = target_of(bake, target, bake_file)
-    engine = engine_of(target)
-    spec = load_engine(engine)
-    candidate = definition["tags"][0]
-    variant = definition.get("labels", {}).get("ai.bakery.variant", "production")
-    platform = definition["platforms"][0]
-    revision = definition.get("args", {}).get("BAKERY_REVISION", "unknown")
-    repository = candidate.rpartition(":")[0]
-    prefix = repository.rpartition("/")[0]
+    planned = read_target(bake_file, target)  # the plan the target was written from
+    plan, platform, candidate = planned.plan, planned.platform, planned.tag
+    engine, variant, repository, revision = plan.spec.name, plan.variant, plan.image_repository, plan.facts.revision
     metadata = json.loads(Path(metadata_file).read_text()) if metadata_file else None
     image_id = built_image_id(candidate, metadata, target)
     if push and variant != "production" and not (rehearsal and variant == "local"):
@@ -192,10 +173,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     if not result.passed:
         raise VerificationError(f"{target}: the gate failed ({', '.join(result.failed) or 'no check ran'}): "
                                 f"{image_id[:19]} is not tagged, pushed or recorded")
-    if push:
-        tags = [platform_tag(spec, platform, repository=prefix, variant=variant, revision=revision)]
-    else:
-        tags = release_tags(spec, repository=prefix, variant=variant, revision=revision)
+    tags = [plan.platform_tag(platform)] if push else list(plan.tags)
     tag_verified(image_id, tags, verified=True)
     record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
                             repository=repository, revision=revision, image_id=image_id,
@@ -208,11 +186,8 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
         _say(f"{target}: pushed verified {image_id[:19]} with provenance as {repository}@{record.index_digest}")
     elif push:
         pushed = push_verified(image_id, tags, verified=True, progress=_say)[0]
-        ref, _, digest = pushed.partition("@")
-        if not digest:
-            raise BuildError(f"the registry returned no digest for {ref}")
-        record.pushed_ref, record.digest = ref, digest
-        _say(f"{target}: pushed verified {image_id[:19]} as {repository}@{digest}")
+        record.pushed_ref, record.digest = pushed.ref, pushed.digest
+        _say(f"{target}: pushed verified {image_id[:19]} as {repository}@{pushed.digest}")
     path = record.write(records)
     _say(f"{target}: passed {result.ran} checks; record {path}")
     return record
@@ -221,49 +196,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
 # ---- the multi-arch manifest, from verified records only ------------------------------------------
 
 
-def imagetools_inspect_raw(ref: str) -> dict[str, Any] | None:
-    """The raw manifest (or index) at `ref`, or None when the registry has none."""
-    proc = subprocess.run(["docker", "buildx", "imagetools", "inspect", "--raw", ref], capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        if any(text in proc.stderr.lower() for text in ("not found", "manifest unknown", "name unknown")):
-            return None
-        raise BuildError(f"docker buildx imagetools inspect {ref} failed: {proc.stderr.strip()[-300:]}")
-    return json.loads(proc.stdout)
-
-
-def is_loopback(registry: str) -> bool:
-    """True for a registry on this machine, which the Docker engine reaches over plain HTTP by default."""
-    host = registry.partition("]")[0] + "]" if registry.startswith("[") else registry.partition(":")[0]
-    return host.startswith("127.") or host in ("localhost", "[::1]")
-
-
-def _insecure(ref: str) -> list[str]:
-    # `docker manifest` wants --insecure for a plain-HTTP registry; only loopback gets it, as in the engine.
-    from bakery.publish import registry_of
-
-    return ["--insecure"] if is_loopback(registry_of(ref)) else []
-
-
-def docker_manifest_inspect(ref: str) -> dict[str, Any] | None:
-    """The manifest (or manifest list) at `ref` read with `docker manifest inspect`, or None when absent.
-
-    It reads the registry, except for a list still in the CLI's local store (~/.docker/manifests):
-    `assemble` drops those first (forget_local_lists), and `push --purge` drops each one it pushes.
-    """
-    proc = subprocess.run(["docker", "manifest", "inspect", *_insecure(ref), ref], capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        if "no such manifest" in proc.stderr.lower():
-            return None
-        from bakery.publish import registry_of
-
-        detail = " ".join(proc.stderr.split())[-300:]
-        raise BuildError(f"cannot read {ref} from registry {registry_of(ref)}: {detail}")
-    return json.loads(proc.stdout)
-
-
-INSPECT = {"imagetools": imagetools_inspect_raw, "manifest": docker_manifest_inspect}
+INSPECT = {"imagetools": docker_cli.imagetools_inspect_raw, "manifest": docker_cli.manifest_inspect}
 
 
 @dataclass
@@ -277,18 +210,13 @@ class ManifestPlan:
 
     def command(self) -> list[str]:
         """The `docker buildx imagetools create` call that makes every tag at once (the GitHub path)."""
-        return ["docker", "buildx", "imagetools", "create",
-                *[arg for tag in self.tags for arg in ("--tag", tag)], *self.sources]
+        return docker_cli.imagetools_create(self.tags, self.sources)
 
     def manifest_commands(self) -> list[list[str]]:
         """The same index with the Docker CLI: per tag, `docker manifest create` then `push --purge`
         (the CLI keeps a created list locally until it is pushed; --purge drops it afterwards)."""
-        commands = []
-        for tag in self.tags:
-            insecure = _insecure(tag)
-            commands += [["docker", "manifest", "create", *insecure, tag, *self.sources],
-                         ["docker", "manifest", "push", *insecure, "--purge", tag]]
-        return commands
+        return [command for tag in self.tags
+                for command in (docker_cli.manifest_create(tag, self.sources), docker_cli.manifest_push(tag))]
 
     def commands(self, tool: str) -> list[list[str]]:
         """What `tool` (imagetools or manifest) runs to create this plan's tags."""
@@ -330,9 +258,9 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
                 raise InputError(f"{engine}: records disagree on {attr}: {', '.join(sorted(values))}")
         repository, revision = group[0].repository, group[0].revision
         check_repository(repository)
-        tags = release_tags(spec, repository=repository.rpartition("/")[0], variant=variant, revision=revision)
+        tags = release_tags(spec, repository=repository_prefix(repository, spec), variant=variant, revision=revision)
         ordered = sorted(group, key=lambda r: r.platform)
-        pinned = tags[0] if f"-g{revision[:7]}" in tags[0] else None
+        pinned = tags[0] if has_commit(revision) else None
         # A record pushed with provenance lists its index, so the release index carries each platform's
         # attestation manifest too (imagetools create merges the entries of index sources).
         plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.index_digest or r.digest}" for r in ordered],
@@ -419,7 +347,7 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
         raise InputError("--tool manifest: `docker manifest create` takes no index as a source, and these records "
                          "were pushed with provenance as indexes; assemble them with --tool imagetools")
     if tool == "manifest" and inspect is None:
-        forget_local_lists([tag for plan in plans for tag in plan.tags])
+        docker_cli.forget_local_lists([tag for plan in plans for tag in plan.tags])
     inspect = inspect or INSPECT[tool]
     check_sources(records, inspect)
     for plan in plans:
@@ -432,7 +360,7 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
         if dry_run:
             continue
         for command in plan.commands(tool):
-            (run or _run)(command)
+            (run or docker_cli.run)(command)
         for tag in plan.tags:
             created = inspect(tag)
             if not _holds(created, group):
@@ -440,19 +368,6 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
                                         f"{', '.join(sorted(r.digest for r in group))}")
         _say(f"{plan.engine}: published {', '.join(plan.tags)} from {len(plan.sources)} verified digest(s)")
     return plans
-
-
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, check=False)  # the tool's own output goes to the log as it comes
-    if proc.returncode != 0:
-        raise BuildError(f"{' '.join(cmd[:4])} failed (exit {proc.returncode})")
-
-
-def forget_local_lists(tags: list[str]) -> None:
-    """Drop the Docker CLI's local manifest lists of `tags`, left by an interrupted run: `docker manifest
-    inspect` would read them instead of the registry, and `create` would refuse to replace them."""
-    for tag in tags:
-        subprocess.run(["docker", "manifest", "rm", tag], capture_output=True, check=False)  # absent is fine
 
 
 # ---- the SBOM published with a release ------------------------------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from bakery import __version__, dockerfile_values
+from bakery.checkout import CREATED_ARG, REVISION_ARG
 from bakery.dockerfile_values import Token
 from bakery.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.errors import InputError
@@ -70,8 +71,8 @@ def baked_env(spec: EngineSpec) -> dict[str, str]:
 
 # Labels whose value is one of bakery's build arguments; only these, with exactly this value, expand.
 _BUILD_ARG_LABELS = {
-    "org.opencontainers.image.revision": "BAKERY_REVISION",
-    "org.opencontainers.image.created": "BAKERY_CREATED",
+    "org.opencontainers.image.revision": REVISION_ARG,
+    "org.opencontainers.image.created": CREATED_ARG,
 }
 # A wheel file name, or the glob that picks one (no blank, quote, `$`, `\\`, `#` or leading `-`).
 _WHEEL = r"[A-Za-z0-9_][A-Za-z0-9_.+*-]*\.whl"

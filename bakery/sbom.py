@@ -108,32 +108,19 @@ def parse_sbom(data: bytes, where: str) -> dict[str, Any]:
 def image_sbom(image: str) -> bytes:
     """The bytes of SBOM_PATH in `image` (an id or a tag on the local engine), read from a container that
     is created and removed but never started, so nothing in the image runs."""
-    import docker.errors
+    from bakery import docker_engine
 
-    from bakery.docker_engine import client
-
+    if not docker_engine.image_exists(image):
+        raise InputError(f"image {image} is not on the Docker engine: give a verified image's id or tag")
     try:
-        client().images.get(image)
-    except docker.errors.ImageNotFound:
-        raise InputError(f"image {image} is not on the Docker engine: give a verified image's id or tag") from None
-    # The entry point is never run (the container is not started); it only has to exist for create.
-    container = client().containers.create(image, entrypoint=["/bakery-sbom-never-runs"], network_disabled=True)
-    try:
-        try:
-            stream, _stat = container.get_archive(SBOM_PATH)
-        except docker.errors.NotFound:
-            raise VerificationError(f"image {image} has no {SBOM_PATH}: it was not built by make-sbom.sh; "
-                                    "refusing to publish it without its SBOM") from None
-        buffer = io.BytesIO()
-        for chunk in stream:
-            buffer.write(chunk)
-            if buffer.tell() > MAX_SBOM_BYTES + 1024 * 1024:
-                raise VerificationError(f"image {image}: {SBOM_PATH} is over {MAX_SBOM_BYTES} bytes: not the "
-                                        "worker's SBOM; refusing to publish it")
-    finally:
-        container.remove(force=True)
-    buffer.seek(0)
-    with tarfile.open(fileobj=buffer) as tar:
+        archive = docker_engine.archive_from_image(image, SBOM_PATH, max_bytes=MAX_SBOM_BYTES + 1024 * 1024)
+    except ValueError:
+        raise VerificationError(f"image {image}: {SBOM_PATH} is over {MAX_SBOM_BYTES} bytes: not the "
+                                "worker's SBOM; refusing to publish it") from None
+    if archive is None:
+        raise VerificationError(f"image {image} has no {SBOM_PATH}: it was not built by make-sbom.sh; "
+                                "refusing to publish it without its SBOM")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         member = next((m for m in tar.getmembers() if m.name == Path(SBOM_PATH).name), None)
         if member is None or not member.isfile():
             raise VerificationError(f"image {image}: {SBOM_PATH} is not a regular file; refusing to publish it")

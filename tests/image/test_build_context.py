@@ -14,7 +14,8 @@ import docker.errors
 import pytest
 
 from bakery import bases
-from bakery.builder import build_args, build_context, context_dir
+from bakery.builder import build_args, context_dir
+from bakery.docker_build import build
 from bakery.render import RenderOptions, context_files, render, write_context
 from bakery.spec import REPO_ROOT, load_engine
 from bakery.wheelhouse import wheelhouse
@@ -45,7 +46,7 @@ def test_untracked_file_is_absent_from_context_and_image(docker_client, planted_
     assert not (context / "worker" / name).exists()
     assert all(FAKE_SECRET not in p.read_bytes() for p in context.rglob("*") if p.is_file())
 
-    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
     container = docker_client.containers.create(image_id, command=["true"])
     try:
         with pytest.raises(docker.errors.NotFound):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bakery import bases
-from bakery.builder import build_args, build_context, context_dir
+from bakery.builder import build_args, context_dir
+from bakery.docker_build import build
 from bakery.render import RenderOptions, render, write_context
 from bakery.spec import REPO_ROOT, load_engine
 from bakery.verify import run_gate
@@ -69,7 +70,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     assert planted != pristine.dockerfile, f"the defect {defect!r} was not planted"
     context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     (context / "Dockerfile").write_text(planted)
-    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
     # A broken worker never gets ready: a short bound keeps each defect's gate run quick.
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
     try:
@@ -84,7 +85,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
 def test_pristine_image_passes_the_same_gate(pristine) -> None:
     # The control: without a defect the very same path passes, so the failures above are the defects'.
     context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
-    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
     gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
 
@@ -141,7 +142,7 @@ def test_missing_guard_is_caught(guard: str, pristine, monkeypatch: pytest.Monke
     planted = without_guard(path.read_text(), guard)
     path.write_text(planted)
     assert guard not in active_guards(planted)[0]
-    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "60"))
     try:
         # Only the guard's own checks run: everything else in the image is the pristine one's.
@@ -180,7 +181,7 @@ def test_content_defect_is_caught(defect: str, pristine, docker_client) -> None:
     step, catchers = CONTENT_DEFECTS[defect]
     context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     (context / "Dockerfile").write_text(pristine.dockerfile.rstrip("\n") + "\n" + step + "\n")
-    image_id = build_context(context, lambda _m: None, build_args()).image_id
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
     try:
         gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
     finally:

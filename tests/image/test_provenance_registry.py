@@ -20,8 +20,8 @@ import docker
 import pytest
 import requests
 
-from bakery.bakefile import host_platform
 from bakery.errors import VerificationError
+from bakery.plan import host_platform
 from bakery.provenance import read_back
 from bakery.spec import load_engine
 from tests.image.conftest import build_local_image

@@ -22,9 +22,10 @@ import pytest
 
 import bakery.builder
 import bakery.release as release
-from bakery.bakefile import host_platform, load_bake_file, target_of, write_bake_file
-from bakery.cli import make_parser
+from bakery.bakefile import load_bake_file, target_of, write_bake_file
+from bakery.checkout import BuildFacts
 from bakery.pipeline import run_engine
+from bakery.plan import BuildOptions, host_platform, make_plan
 from bakery.release import VerifiedRecord, plan_manifests, verify_target
 from bakery.spec import load_engine
 from tests.image.readback import main as readback_main
@@ -62,15 +63,15 @@ def verified(registry: RunningRegistry, docker_client, tmp_path_factory: pytest.
     with pytest.MonkeyPatch.context() as mp:
         # The image as build.py makes it (Docker's cache: the same id build.py --local verifies).
         mp.setattr(bakery.builder, "context_dir", own_context_dir())
-        built = run_engine(spec, make_parser().parse_args(["--engine", ENGINE, "--local", "--no-verify", "--quiet"]))
+        plan = make_plan(spec, BuildOptions(local=True, verify=False), BuildFacts.of_checkout())
+        built = run_engine(plan, quiet=True)
 
     def no_wheels(platform: str) -> Path:  # the bake file is read here, not built from
         (work / "wheels").mkdir(exist_ok=True)
         return work / "wheels"
 
-    bake = write_bake_file([spec], work / "bake" / "docker-bake.json", local=True, repository=f"{registry.host}/acme",
-                           wheelhouse=no_wheels, build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"},
-                           quiet=True)
+    bake_plan = make_plan(spec, BuildOptions(local=True, repository=f"{registry.host}/acme"), BuildFacts(REV, "now"))
+    bake = write_bake_file([bake_plan], work / "bake" / "docker-bake.json", wheelhouse=no_wheels, quiet=True)
     target = f"{ENGINE}-{PLATFORM.split('/')[1]}"
     candidate = target_of(load_bake_file(bake), target)["tags"][0]
     repo, _, tag = candidate.rpartition(":")

@@ -18,21 +18,26 @@ from bakery.bakefile import (
     BASE_DIGEST_LABEL,
     ci_override,
     engine_of,
-    host_platform,
     load_bake_file,
     local_images,
     main,
-    plan_targets,
     registry_bases,
     write_bake_file,
 )
 from bakery.bases import BASES
+from bakery.checkout import BuildFacts
 from bakery.errors import InputError
+from bakery.plan import BuildOptions, host_platform, make_plan
 from bakery.render import DEFAULT_RUNTIME_IMAGE
 from bakery.spec import available_engines, load_engine
 from bakery.tags import is_release_tag
 
 ARGS = {"BAKERY_REVISION": "abc1234def5678900000000000000000000000000", "BAKERY_CREATED": "2026-01-02T03:04:05Z"}
+FACTS = BuildFacts(revision=ARGS["BAKERY_REVISION"], created=ARGS["BAKERY_CREATED"])
+
+
+def plans(specs, **options):
+    return [make_plan(spec, BuildOptions(**options), FACTS) for spec in specs]
 
 
 @pytest.fixture
@@ -52,8 +57,8 @@ def fake_wheelhouse(tmp_path: Path):
 
 def write(tmp_path: Path, wheelhouse, *, local: bool, repository: str = "ghcr.io/acme") -> tuple[Path, dict]:
     specs = [load_engine(name) for name in available_engines()]
-    path = write_bake_file(specs, tmp_path / "out" / "docker-bake.json", local=local, repository=repository,
-                           wheelhouse=wheelhouse, build_args=ARGS, quiet=True)
+    path = write_bake_file(plans(specs, local=local, repository=repository), tmp_path / "out" / "docker-bake.json",
+                           wheelhouse=wheelhouse, quiet=True)
     return path, load_bake_file(path)
 
 
@@ -138,15 +143,17 @@ def test_rewriting_replaces_each_context(tmp_path: Path, fake_wheelhouse) -> Non
 def test_bad_input_is_refused(tmp_path: Path, fake_wheelhouse) -> None:
     specs = [load_engine("vllm")]
     with pytest.raises(InputError, match="JSON"):
-        write_bake_file(specs, tmp_path / "docker-bake.hcl", wheelhouse=fake_wheelhouse, build_args=ARGS)
+        write_bake_file(plans(specs), tmp_path / "docker-bake.hcl", wheelhouse=fake_wheelhouse)
     (tmp_path / "dir.json").mkdir()
     with pytest.raises(InputError, match="directory"):
-        write_bake_file(specs, tmp_path / "dir.json", wheelhouse=fake_wheelhouse, build_args=ARGS)
+        write_bake_file(plans(specs), tmp_path / "dir.json", wheelhouse=fake_wheelhouse)
     with pytest.raises(InputError, match="--repository"):
-        write_bake_file(specs, tmp_path / "b.json", repository="Acme", wheelhouse=fake_wheelhouse, build_args=ARGS)
+        write_bake_file(plans(specs, repository="Acme"), tmp_path / "b.json", wheelhouse=fake_wheelhouse)
     nolocal = specs[0].model_copy(update={"base": specs[0].base.model_copy(update={"local": None})})
     with pytest.raises(InputError, match=r"base\.local"):
-        plan_targets([nolocal], local=True)
+        plans([nolocal], local=True)
+    with pytest.raises(InputError, match="--base-image does not go with --bake-file"):
+        write_bake_file(plans(specs, base_image="example/base:1"), tmp_path / "c.json", wheelhouse=fake_wheelhouse)
 
 
 def test_ci_override_maps_local_images_and_cache(tmp_path: Path, fake_wheelhouse) -> None:

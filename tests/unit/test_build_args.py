@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from bakery.builder import build_args, source_date
+from bakery.builder import build_args
+from bakery.checkout import source_date
 from bakery.errors import InputError
 from bakery.spec import REPO_ROOT
 

@@ -16,12 +16,15 @@ from typing import Any
 
 import pytest
 
+import bakery.docker_engine as docker_engine
 import bakery.provenance as provenance
 import bakery.publish as publish
 import bakery.release as release
 import bakery.verify
 from bakery.bakefile import load_bake_file, write_bake_file
+from bakery.checkout import BuildFacts
 from bakery.errors import BuildError, InputError, VerificationError
+from bakery.plan import BuildOptions, make_plan
 from bakery.provenance import bake_push_command, platform_manifest, push_with_provenance, read_back
 from bakery.release import VerifiedRecord, assemble, verify_target
 from bakery.spec import load_engine
@@ -192,9 +195,9 @@ def test_platform_manifest_reads_the_documented_example() -> None:
 def vllm_bake_file(directory: Path, created: str) -> Path:
     """The vLLM bake file (production targets) with this `created` time; no wheels (it is never built)."""
     (directory / "wheels").mkdir(parents=True, exist_ok=True)
-    return write_bake_file([load_engine("vllm")], directory / "bake" / "docker-bake.json", repository="ghcr.io/acme",
-                           wheelhouse=lambda _platform: directory / "wheels", quiet=True,
-                           build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": created})
+    plan = make_plan(load_engine("vllm"), BuildOptions(repository="ghcr.io/acme"), BuildFacts(REV, created))
+    return write_bake_file([plan], directory / "bake" / "docker-bake.json",
+                           wheelhouse=lambda _platform: directory / "wheels", quiet=True)
 
 
 @pytest.fixture
@@ -300,7 +303,7 @@ def gated(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     labels = {"org.opencontainers.image.base.name": "vllm/vllm-openai:v0.10.2",
               "org.opencontainers.image.base.digest": "sha256:" + "5" * 64}
     monkeypatch.setattr(release, "built_image_id", lambda candidate, metadata, target: IMAGE["amd64"])
-    monkeypatch.setattr(release, "image_labels", lambda image_id: labels)
+    monkeypatch.setattr(docker_engine, "image_labels", lambda image_id: labels)
     monkeypatch.setattr(publish, "tag_verified", lambda image_id, tags, verified: seen.append(f"tag {tags}"))
     monkeypatch.setattr(publish, "push_verified", lambda *a, **k: pytest.fail("docker push on the provenance path"))
     return seen

@@ -11,11 +11,17 @@ from pathlib import Path
 
 import pytest
 
+import bakery.docker_engine as docker_engine
+import bakery.docker_push as docker_push
 import bakery.publish as publish
 import bakery.release as release
 from bakery import __version__
 from bakery.bakefile import write_bake_file
+from bakery.checkout import BuildFacts
 from bakery.errors import InputError, VerificationError
+from bakery.image_ref import registry_of
+from bakery.plan import BuildOptions, host_platform, make_plan
+from bakery.publish import Pushed
 from bakery.release import VerifiedRecord, assemble, matrix, plan_manifests, verify_target
 from bakery.spec import available_engines, load_engine
 from bakery.verify import GateResult
@@ -27,6 +33,11 @@ VLLM_BASE = load_engine("vllm").base.image
 REV = "abc1234def5678900000000000000000000000000"
 IMAGE = {"amd64": "sha256:" + "a" * 64, "arm64": "sha256:" + "b" * 64}
 DIGEST = {"amd64": "sha256:" + "1" * 64, "arm64": "sha256:" + "2" * 64}
+FACTS = BuildFacts(revision=REV, created="now")
+
+
+def vllm_plan(**options):
+    return [make_plan(load_engine("vllm"), BuildOptions(**options), FACTS)]
 
 
 def record(engine: str = "vllm", arch: str = "amd64", **changes) -> VerifiedRecord:
@@ -73,7 +84,7 @@ def _no_docker(*_a, **_k):
 
 
 def test_tag_and_push_refuse_an_unverified_image(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publish, "client", _no_docker)
+    monkeypatch.setattr(docker_engine, "client", _no_docker)
     with pytest.raises(VerificationError, match="no release tag"):
         publish.tag_verified(IMAGE["amd64"], ["bakery/vllm:v1"], verified=False)
     with pytest.raises(VerificationError, match="never pushed"):
@@ -87,9 +98,8 @@ def bake_file(tmp_path: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         return directory
 
-    return write_bake_file([load_engine("vllm")], tmp_path / "bake" / "docker-bake.json", repository="ghcr.io/acme",
-                           wheelhouse=wheelhouse, build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"},
-                           quiet=True)
+    return write_bake_file(vllm_plan(repository="ghcr.io/acme"), tmp_path / "bake" / "docker-bake.json",
+                           wheelhouse=wheelhouse, quiet=True)
 
 
 BASE_DIGEST = "sha256:" + "5" * 64
@@ -101,7 +111,7 @@ BASE_LABELS = {"org.opencontainers.image.base.name": VLLM_BASE,
 def labels(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The built image's labels (what `bakefile ci --pin-bases` makes the build add); tests may change them."""
     current = dict(BASE_LABELS)
-    monkeypatch.setattr(release, "image_labels", lambda image_id: current)
+    monkeypatch.setattr(docker_engine, "image_labels", lambda image_id: current)
     return current
 
 
@@ -111,7 +121,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, labels: dict[str, str]) -> list[str]:
     monkeypatch.setattr(release, "built_image_id", lambda candidate, metadata, target: IMAGE["amd64"])
     monkeypatch.setattr(publish, "tag_verified", lambda image_id, tags, verified: seen.append(f"tag {tags}"))
     monkeypatch.setattr(publish, "push_verified", lambda image_id, tags, verified, progress=None:
-                        seen.append(f"push {tags}") or [f"{tags[0]}@{DIGEST['amd64']}"])
+                        seen.append(f"push {tags}") or [Pushed(tags[0], DIGEST["amd64"])])
     return seen
 
 
@@ -179,10 +189,7 @@ def test_local_builds_are_never_pushed_for_release(tmp_path: Path, calls: list[s
         (tmp_path / "w").mkdir(exist_ok=True)
         return tmp_path / "w"
 
-    from bakery.bakefile import host_platform
-
-    local = write_bake_file([load_engine("vllm")], tmp_path / "l" / "docker-bake.json", local=True,
-                            wheelhouse=wheelhouse, build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"},
+    local = write_bake_file(vllm_plan(local=True), tmp_path / "l" / "docker-bake.json", wheelhouse=wheelhouse,
                             quiet=True)
     target = f"vllm-{host_platform().split('/')[1]}"
     with pytest.raises(InputError, match="only production builds are pushed"):
@@ -410,12 +417,9 @@ def test_assemble_cli_refuses_an_unknown_tool(capsys) -> None:
 
 
 def test_rehearsal_lets_verify_push_a_local_build(tmp_path: Path, calls: list[str]) -> None:
-    from bakery.bakefile import host_platform
-
     (tmp_path / "w").mkdir()
-    local = write_bake_file([load_engine("vllm")], tmp_path / "l" / "docker-bake.json", local=True,
-                            repository="127.0.0.1:5000/acme", wheelhouse=lambda p: tmp_path / "w",
-                            build_args={"BAKERY_REVISION": REV, "BAKERY_CREATED": "now"}, quiet=True)
+    local = write_bake_file(vllm_plan(local=True, repository="127.0.0.1:5000/acme"),
+                            tmp_path / "l" / "docker-bake.json", wheelhouse=lambda p: tmp_path / "w", quiet=True)
     arch = host_platform().split("/")[1]
     rec = verify_target(local, f"vllm-{arch}", records=tmp_path / "r", push=True, rehearsal=True,
                         gate=lambda *a, **k: GateResult(passed=True, ran=1))
@@ -432,7 +436,7 @@ def test_rehearsal_lets_verify_push_a_local_build(tmp_path: Path, calls: list[st
     ("ghcr.io/acme/vllm:x", "ghcr.io"), ("acme/vllm:x", "docker.io"), ("vllm:x", "docker.io"),
 ])
 def test_registry_of_follows_dockers_reference_rules(ref: str, registry: str) -> None:
-    assert publish.registry_of(ref) == registry
+    assert registry_of(ref) == registry
 
 
 @pytest.mark.parametrize(("error", "reason"), [
@@ -443,7 +447,7 @@ def test_registry_of_follows_dockers_reference_rules(ref: str, registry: str) ->
     ("blob upload unknown", "the push failed"),
 ])
 def test_a_push_failure_is_one_line_naming_the_registry_and_reason(error: str, reason: str) -> None:
-    message = str(publish.push_failure("127.0.0.1:9/acme/vllm:x", error + "\nsecond line"))
+    message = str(docker_push.push_failure("127.0.0.1:9/acme/vllm:x", error + "\nsecond line"))
     assert message.startswith("push to registry 127.0.0.1:9 failed: ") and reason in message
     assert "\n" not in message and message.endswith("127.0.0.1:9/acme/vllm:x was not pushed")
-    assert publish.push_failure("x:1", error).exit_code == 1
+    assert docker_push.push_failure("x:1", error).exit_code == 1

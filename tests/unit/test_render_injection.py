@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from bakery import cli
 from bakery.errors import InputError
 from bakery.image_ref import check_reference
+from bakery.plan import choose_base
 from bakery.render import RenderOptions, baked_env, render
 from bakery.spec import IMAGES_DIR, parse_spec
 from tests.unit.dockerfile_model import unquote
@@ -153,7 +154,7 @@ def test_no_cli_argument_or_option_adds_or_changes_an_instruction(base_image: st
     spec = parse_spec(copy.deepcopy(PRISTINE_DATA), SOURCE)
     try:
         cli.check_arguments(args)
-        options = cli._render_options(spec, args)
+        options = choose_base(spec, cli.build_options(args)).render_options(args.templates_dir)
     except InputError as exc:
         assert "\n" not in str(exc) and str(exc).startswith("--base-image "), exc
         return
