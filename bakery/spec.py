@@ -55,6 +55,14 @@ TEMPLATE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*\.
 VAR_TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
+def env_names(env: dict[str, str]) -> dict[str, str]:
+    """`env` when every key is a variable name; else ValueError naming the first that is not."""
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"env.{name}: not a valid environment variable name")
+    return env
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,9 +77,7 @@ class LocalFailure(_Strict):
     def _something(self) -> LocalFailure:
         if self.model is None and not self.env:
             raise ValueError("set model (a model that cannot load) or env (variables that make loading fail)")
-        for name in self.env:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"env.{name}: not a valid environment variable name")
+        env_names(self.env)
         return self
 
 
@@ -97,10 +103,7 @@ class LocalRoute(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"env.{name}: not a valid environment variable name")
-        return value
+        return env_names(value)
 
 
 class LocalLongAnswer(_Strict):
@@ -116,10 +119,7 @@ class LocalLongAnswer(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"env.{name}: not a valid environment variable name")
-        return value
+        return env_names(value)
 
 
 class BaseImage(_Strict):

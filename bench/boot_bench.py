@@ -77,6 +77,17 @@ def upstream_wheelhouse(python_version: str = "3.11") -> Path:
     return dest
 
 
+def upstream_boot(run_dir: Path, wheels: Path, env: dict[str, str], volumes: dict[str, dict[str, str]]) -> None:
+    """Make a launch the upstream boot path: the worker's Python becomes UPSTREAM_PYTHON (a fresh venv
+    and the SDK from the mounted wheelhouse at every boot); its script is written into `run_dir`."""
+    script = run_dir / "upstream-python"
+    script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=SDK_REQUIREMENT))
+    script.chmod(0o755)
+    volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
+    volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
+    env["WORKER_PYTHON"] = f"{IN_CONTAINER}/upstream-python"
+
+
 def _docker_time(stamp: str) -> float:
     """Epoch seconds of dockerd's RFC 3339 nano timestamp (microsecond precision kept)."""
     head, _, frac = stamp.rstrip("Z").partition(".")
@@ -211,12 +222,7 @@ class Boots:
         volumes = {str(log_dir): {"bind": str(Path(model_log).parent), "mode": "rw"}}
         if variant == "upstream":
             assert wheels is not None
-            script = run_dir / "upstream-python"
-            script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=SDK_REQUIREMENT))
-            script.chmod(0o755)
-            volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
-            volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
-            env["WORKER_PYTHON"] = f"{IN_CONTAINER}/upstream-python"
+            upstream_boot(run_dir, wheels, env, volumes)
         container = self._create(variant, env, volumes, ports={"3000/tcp": ("127.0.0.1", None)})
         result = BootRun(variant)
         logs = None
@@ -288,12 +294,7 @@ class Boots:
         run_dir = Path(tempfile.mkdtemp(prefix=f"routable-{variant}-", dir=self.tmp))
         if variant == "upstream":
             assert wheels is not None
-            script = run_dir / "upstream-python"
-            script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=SDK_REQUIREMENT))
-            script.chmod(0o755)
-            volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
-            volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
-            env["WORKER_PYTHON"] = f"{IN_CONTAINER}/upstream-python"
+            upstream_boot(run_dir, wheels, env, volumes)
         container = self._create(f"routable-{variant}", env, volumes)
         container.put_archive("/tmp", controlplane_archive(key_pem))
         result = RoutableRun(variant)
