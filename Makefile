@@ -20,7 +20,7 @@ images: setup
 	$(PY) build.py --all --local
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

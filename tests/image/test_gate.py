@@ -89,7 +89,7 @@ def test_worker_listens_on_3000(serverless: Launched) -> None:
 
 @pytest.mark.serve
 def test_engine_listens_on_18000(serverless: Launched) -> None:
-    ok = serverless.wait_for(lambda: serverless.host.socket("tcp://127.0.0.1:18000").is_listening, 60)
+    ok = serverless.wait_for(lambda: serverless.host.socket("tcp://127.0.0.1:18000").is_listening, READY_TIMEOUT)
     assert ok, "the engine does not listen on 127.0.0.1:18000"
 
 
@@ -97,7 +97,7 @@ def test_engine_listens_on_18000(serverless: Launched) -> None:
 def test_load_line_in_model_log(image: ImageUnderTest, serverless: Launched) -> None:
     log = image.expected_env["MODEL_LOG"]
     lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
-    ok = serverless.wait_for(lambda: any(line in serverless.file_text(log) for line in lines), 60)
+    ok = serverless.wait_for(lambda: any(line in serverless.file_text(log) for line in lines), READY_TIMEOUT)
     assert ok, f"no load line {lines} in {log}:\n{serverless.file_text(log)[-2000:]}"
 
 

@@ -1,8 +1,10 @@
 """The gate can fail: defects planted in a rendered Dockerfile, and worker guards taken out of an
 image, are each caught, by a named check.
 
-Built on the vLLM stand-in base (the fastest engine to boot); every build reuses the cached worker
-layers, so each defect costs one cheap rebuild plus one gate run.
+Built on the vLLM stand-in base (the fastest engine to boot). A defect in the rendered Dockerfile is
+built from a whole build context (the layers before it come from the cache); a guard taken out and a
+step added at the end change only the pristine image's last layer, so they are built as one step FROM
+the pristine image (the same image a context rebuild would give, without sending the context again).
 """
 
 from __future__ import annotations
@@ -63,6 +65,29 @@ def pristine(docker_client):
     return render(spec, RenderOptions(base_image=bases.ensure_base(spec.base.local)))
 
 
+# The classic builder reads `FROM sha256:...` as a registry name: the pristine image gets a test tag.
+PRISTINE_TAG = f"bakery-test/planted-pristine:{SUITE_TAG}"
+
+
+@pytest.fixture(scope="module")
+def pristine_image(pristine, docker_client) -> str:
+    """The pristine image, built once from its whole build context as build.py builds it, and tagged
+    PRISTINE_TAG (a test tag) so that overlays can build FROM it."""
+    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
+    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
+    repository, _, tag = PRISTINE_TAG.rpartition(":")
+    docker_client.images.get(image_id).tag(repository, tag)
+    return image_id
+
+
+def overlay(tmp_path: Path, step: str, files: dict[str, str] | None = None) -> str:
+    """An image FROM the pristine one with one more step (a COPY of `files`, or a RUN): the defect only."""
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "Dockerfile").write_text(f"FROM {PRISTINE_TAG}\n{step}\n")
+    return build(tmp_path, lambda _m: None).image_id
+
+
 @pytest.mark.parametrize("defect", list(DEFECTS))
 def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
     plant, catchers = DEFECTS[defect]
@@ -71,22 +96,22 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
     (context / "Dockerfile").write_text(planted)
     image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
-    # A broken worker never gets ready: a short bound keeps each defect's gate run quick.
+    # A broken worker never gets ready: a short bound keeps each defect's gate run quick. Only the
+    # defect's catchers run (the rest of the image is the pristine one's, which the control passes).
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
     try:
-        gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
+        gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
     finally:
         docker_client.images.remove(image_id, force=True)
+    assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
     assert not gate.passed, f"the gate passed an image with {defect!r}"
     failed = {name.split("[")[0] for name in gate.failed}
     assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
 
 
-def test_pristine_image_passes_the_same_gate(pristine) -> None:
+def test_pristine_image_passes_the_same_gate(pristine_image: str) -> None:
     # The control: without a defect the very same path passes, so the failures above are the defects'.
-    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
-    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
-    gate = run_gate(image_id, ENGINE, variant="local", quiet=True)
+    gate = run_gate(pristine_image, ENGINE, variant="local", quiet=True)
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
 
 
@@ -94,6 +119,7 @@ def test_pristine_image_passes_the_same_gate(pristine) -> None:
 # worker/workers/openai/guards.py names its guards in a module-level tuple ACTIVE; removing a name
 # disables exactly that guard. Each guard taken out of the image must fail these platform checks.
 GUARDS_FILE = Path("worker") / "workers" / "openai" / "guards.py"
+IMAGE_WORKER = "/opt/bakery/worker"  # where templates/base.Dockerfile.j2 copies worker/
 GUARD_CATCHERS = {
     "own_url": {"test_bad_signatures_refused_401", "test_request_outcomes_reported"},
     "sessions": {"test_unsigned_sessions_refused"},
@@ -136,14 +162,14 @@ def test_every_guard_has_a_catcher() -> None:
 
 
 @pytest.mark.parametrize("guard", sorted(GUARD_CATCHERS))
-def test_missing_guard_is_caught(guard: str, pristine, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
-    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
-    path = context / GUARDS_FILE
-    planted = without_guard(path.read_text(), guard)
-    path.write_text(planted)
+def test_missing_guard_is_caught(guard: str, pristine_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                docker_client) -> None:
+    planted = without_guard((REPO_ROOT / GUARDS_FILE).read_text(), guard)
     assert guard not in active_guards(planted)[0]
-    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
-    monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "60"))
+    image_id = overlay(tmp_path, f"COPY guards.py {IMAGE_WORKER}/{GUARDS_FILE.relative_to('worker')}",
+                       {"guards.py": planted})
+    # 40 s: with the guard in place each catcher passes well within it (the late key comes at ~20 s).
+    monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
     try:
         # Only the guard's own checks run: everything else in the image is the pristine one's.
         gate = run_gate(image_id, ENGINE, variant="local", quiet=True,
@@ -177,11 +203,9 @@ CONTENT_DEFECTS = {
 
 
 @pytest.mark.parametrize("defect", sorted(CONTENT_DEFECTS))
-def test_content_defect_is_caught(defect: str, pristine, docker_client) -> None:
+def test_content_defect_is_caught(defect: str, pristine_image: str, tmp_path: Path, docker_client) -> None:
     step, catchers = CONTENT_DEFECTS[defect]
-    context = write_context(pristine, context_dir(PLANTED_CONTEXT), wheelhouse())
-    (context / "Dockerfile").write_text(pristine.dockerfile.rstrip("\n") + "\n" + step + "\n")
-    image_id = build(context, lambda _m: None, buildargs=build_args()).image_id
+    image_id = overlay(tmp_path, step)  # the step appended after the pristine image's last
     try:
         gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
     finally:
