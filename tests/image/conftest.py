@@ -185,13 +185,15 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
     """The environment and launch options of one side launch."""
     if name == "loadfail":
         # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
-        # model file for a real engine). The grace outlasts the SDK's 10 s report tick, so the errored
-        # status is sent before the container stops.
-        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
+        # model file for a real engine). The errored status is sent as soon as the SDK marks the
+        # worker errored (report_soon sends the first report that ends loading, errored or loaded), so
+        # 5 s of grace before the container stops is ample.
+        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="5"), {}
     if name == "latekey":
         # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
         # exactly those, so only a worker that keeps asking ever gets it.
-        return serverless_env(spec), {"withhold_fetches": SDK_PUBKEY_TRIES}
+        # Backoff capped at 4 s (test sizing): the 6th fetch comes ~15 s after the first, not ~31 s.
+        return serverless_env(spec, BAKERY_PUBKEY_BACKOFF_MAX="4"), {"withhold_fetches": SDK_PUBKEY_TRIES}
     if name == "unsecured":
         return offline_env(spec), {"controlplane": False}
     if name == "route":
