@@ -25,6 +25,10 @@ def uses_docker(path: Path) -> bool:
     return any(path == place or place in path.parents for place in DOCKER_TESTS)
 
 
+# tryfirst: xdist's worker turns these marks into the scheduling scope (a nodeid suffix) in its own
+# modifyitems hook, which otherwise runs before this one and sees no mark; every test then becomes
+# its own unit and Docker tests run in both processes at once.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath)).resolve()

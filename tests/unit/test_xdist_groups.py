@@ -1,0 +1,48 @@
+"""`make test` relies on `--dist loadgroup` keeping every Docker test in one process (tests/conftest.py).
+When pytest and pytest-xdist disagree on node ids (pytest 9.2 with xdist 3.8, pytest-dev/pytest-xdist
+#1386), or when the hook that adds the marks runs after xdist's own (which reads them: hence
+tryfirst), the marks are silently ignored and the Docker tests run in both processes at once, racing
+on shared tags. This runs the installed pytest and xdist on a tiny suite grouped the way tests/conftest.py
+groups ours, and fails when the grouping no longer holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+CONFTEST = '''
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = "docker" if "grouped" in item.fspath.dirname else item.fspath.basename
+        item.add_marker(pytest.mark.xdist_group(group))
+'''
+
+RECORDING_TEST = '''
+import os
+import pytest
+
+@pytest.mark.parametrize("n", range(4))
+def test_records_its_process(n):
+    with open({log!r}, "a") as log:
+        log.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+'''
+
+
+def test_one_group_runs_in_one_process(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    for folder, module in (("grouped", "test_a.py"), ("grouped", "test_b.py"), ("loose", "test_c.py"),
+                           ("loose", "test_d.py")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / module).write_text(RECORDING_TEST.format(log=str(tmp_path / f"{folder}.log")))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                          "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
+                         check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    grouped = (tmp_path / "grouped.log").read_text().split()
+    loose = (tmp_path / "loose.log").read_text().split()
+    assert len(grouped) == 8 and len(loose) == 8, (grouped, loose)
+    assert len(set(grouped)) == 1, f"the 8 grouped tests ran in {sorted(set(grouped))}: loadgroup ignored the marks"
