@@ -132,6 +132,9 @@ def running(tmp_path_factory: pytest.TempPathFactory, worker_python: Path, key: 
         worker = start_worker(tmp, secured_env(worker_python, tmp, port, engine_port, log, reports.url,
                                                **SMALL_LIMITS), procs)
         worker.wait_for("HTTP servers started", timeout=60)
+        # The probe must find the key loaded (the engine is still loading): a 503 sent before the key is
+        # here has no checkable signature and is, by design, not reported.
+        worker.wait_for("public key loaded from", timeout=60)
         url = f"http://127.0.0.1:{port}"
         probe = Running(port, url, worker, log, reports, key, (0, b"", {}))
         status, body, headers = send(port, "/v1/completions", {"auth_data": probe.auth(idx=7001),
