@@ -3,21 +3,47 @@
 Read from the stand-in's own access lines, which name the client's address and port as uvicorn's do
 (`INFO:     127.0.0.1:54321 - "POST /v1/completions HTTP/1.1" 200 OK`): requests one after another
 through the worker arrive on one engine connection (the SDK opened a new one per request); after a
-client went away mid-stream, that connection is closed and the next request comes on a new one.
+client went away mid-stream, that connection is closed and the next request comes on a new one; a
+connection idle for longer than the worker keeps it is never reused, so the engine's own keep-alive
+timeout never closes one under a request.
 """
 
 from __future__ import annotations
 
+import ast
 import re
+import time
 from pathlib import Path
 
 import pytest
 
+from bakery.paths import REPO_ROOT
 from tests.worker.helpers import Proc, ReportServer
 from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_records
 
 pytestmark = pytest.mark.slow
 ACCESS = re.compile(r'127\.0\.0\.1:(\d+) - "POST (/v1/\S+) HTTP/1\.1" (\d+)')
+GUARDS = REPO_ROOT / "worker" / "workers" / "openai" / "guards.py"
+# The engines close an idle connection after 5 s (uvicorn's default, which vLLM and SGLang keep, and
+# llama.cpp's HTTP server); the worker must let go of it first, with room for a slow loop turn.
+ENGINES_KEEPALIVE = 5.0
+MARGIN = 1.0
+
+
+def engine_keepalive() -> float:
+    """guards.ENGINE_KEEPALIVE, read from the source (aiohttp is in the worker venv, not here)."""
+    for node in ast.parse(GUARDS.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ENGINE_KEEPALIVE"]:
+            return float(ast.literal_eval(node.value))
+    raise AssertionError(f"{GUARDS} no longer assigns ENGINE_KEEPALIVE")
+
+
+def one_answer(port: int, route: str, idx: int) -> None:
+    stream = EventStream(port, route, envelope(
+        {"model": MODEL, "messages": [{"role": "user", "content": f"n{idx}"}], "max_tokens": 2}, idx))
+    assert stream.status == 200, stream.rest()
+    stream.rest()
+    stream.close()
 
 
 def engine_ports(log: Path, path: str) -> list[int]:
@@ -37,11 +63,7 @@ def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(
         route = "/v1/chat/completions"
         before = len(engine_ports(log, route))
         for idx in range(3):
-            stream = EventStream(served.port, route, envelope(
-                {"model": MODEL, "messages": [{"role": "user", "content": f"n{idx}"}], "max_tokens": 2}, idx + 1))
-            assert stream.status == 200, stream.rest()
-            stream.rest()
-            stream.close()
+            one_answer(served.port, route, idx + 1)
         ports = engine_ports(log, route)[before:]
         assert len(ports) == 3 and len(set(ports)) == 1, ports
 
@@ -60,5 +82,27 @@ def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(
         stream.close()
         cut, after = engine_ports(log, route)[-2:]
         assert cut != after and after not in ports, (ports, cut, after)
+    finally:
+        reports.close()
+
+
+def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(
+        tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc]) -> None:
+    keepalive = engine_keepalive()
+    assert keepalive <= ENGINES_KEEPALIVE - MARGIN, f"ENGINE_KEEPALIVE {keepalive} s is too close to the engines' 5 s"
+    reports = ReportServer(pubkey_pem)
+    try:
+        engine_port, log = start_standin("vllm", tmp_path, procs, STANDIN_REPLY_TOKENS="2")
+        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log)
+        route = "/v1/chat/completions"
+        before = len(engine_ports(log, route))
+        one_answer(served.port, route, 1)
+        time.sleep(keepalive - MARGIN)
+        one_answer(served.port, route, 2)  # idle for less than the keep-alive: the same connection
+        time.sleep(keepalive + 0.5)
+        one_answer(served.port, route, 3)  # idle for longer: a new one, before the engine would drop it
+        first, reused, fresh = engine_ports(log, route)[before:]
+        assert reused == first, (first, reused)
+        assert fresh != first, (first, fresh)
     finally:
         reports.close()

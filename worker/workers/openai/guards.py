@@ -78,9 +78,12 @@ LOOPBACK = "127.0.0.1"
 # Seconds an idle engine connection is kept for the next request. A new connection per request (the
 # SDK's force_close) cost the worker a third of its CPU per request (1360 -> 890 us, issue 6): at 16
 # requests to an engine answering in 50 ms, 0.75x -> 0.94x direct throughput, p50 added 17 -> 2.7 ms (BENCHMARKS.md,
-# issue 14). Below the engines' own keep-alive timeout (uvicorn's and llama.cpp's: 5 s), so an engine
-# never closes a connection just as the worker reuses it.
-ENGINE_KEEPALIVE = 2.0
+# issue 14). 4 s rather than 2 s: a burst that comes 2-4 s after the last one (a 1 s streamed answer
+# away) reuses its connections instead of opening 16 at once, first token added at 16 streams
+# +11.0 -> +5.2 ms (three A/B pairs). Below the engines' own keep-alive timeout (uvicorn's and
+# llama.cpp's: 5 s) with a second to spare: aiohttp never hands out a connection idle longer than
+# this, so an engine never closes one just as the worker reuses it.
+ENGINE_KEEPALIVE = 4.0
 _QUERY = re.compile(r"(?<=[^\s?])\?[^\s\"'<>]+")
 
 log = logging.getLogger("bakery.guards")
