@@ -38,7 +38,7 @@ from typing import Any
 
 from bakery import __version__
 from bakery.checkout import CREATED_ARG, REVISION_ARG, BuildFacts
-from bakery.errors import BakeryError, InputError
+from bakery.errors import InputError, cli_main
 from bakery.image_ref import SHA256_DIGEST as DIGEST
 from bakery.plan import BuildOptions, BuildPlan, make_plan
 from bakery.render import render, write_context
@@ -303,6 +303,7 @@ def push_local_images(refs: list[str], registry: str, progress: Callable[[str], 
         progress(f"pushed {ref} as {copy}")
 
 
+@cli_main("bakery.bakefile")
 def main(argv: list[str] | None = None) -> int:
     """`python -m bakery.bakefile ci ...`: prepare a written bake file for a non-docker builder."""
     parser = argparse.ArgumentParser(prog="python -m bakery.bakefile", description=__doc__.splitlines()[0])
@@ -317,24 +318,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="pin each registry base to the digest it resolves to now, and label the image with it")
     ci.add_argument("--out", type=Path, required=True, help="where to write the override (JSON)")
     args = parser.parse_args(argv)
-    try:
-        bake = load_bake_file(args.bake_file)
-        bake_dir = args.bake_file.parent
-        if args.registry:
-            refs = list(dict.fromkeys(ref for name in args.target
-                                      for ref in local_images(bake_dir, target_of(bake, name, args.bake_file))))
-            push_local_images(refs, args.registry, lambda m: print(f"[bakery.bakefile] {m}", file=sys.stderr))
-        resolve: Callable[[str], str] | None = None
-        if args.pin_bases:
-            from bakery.docker_engine import registry_digest
+    bake = load_bake_file(args.bake_file)
+    bake_dir = args.bake_file.parent
+    if args.registry:
+        refs = list(dict.fromkeys(ref for name in args.target
+                                  for ref in local_images(bake_dir, target_of(bake, name, args.bake_file))))
+        push_local_images(refs, args.registry, lambda m: print(f"[bakery.bakefile] {m}", file=sys.stderr))
+    resolve: Callable[[str], str] | None = None
+    if args.pin_bases:
+        from bakery.docker_engine import registry_digest
 
-            resolve = registry_digest
-        override = ci_override(bake, bake_dir, args.target, registry=args.registry, cache=args.cache,
-                               scope=args.scope, pin_bases=resolve)
-        args.out.write_text(json.dumps(override, indent=2) + "\n", encoding="utf-8")
-    except BakeryError as exc:
-        print(f"bakery.bakefile: {exc}", file=sys.stderr)
-        return exc.exit_code
+        resolve = registry_digest
+    override = ci_override(bake, bake_dir, args.target, registry=args.registry, cache=args.cache,
+                           scope=args.scope, pin_bases=resolve)
+    args.out.write_text(json.dumps(override, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -32,7 +32,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from bakery import release_feeds
-from bakery.errors import BakeryError, InputError
+from bakery.errors import InputError, cli_main
 from bakery.spec import EngineSpec, ReleaseFeed, available_engines, display_path, images_dir, load_engine, parse_spec
 
 
@@ -178,6 +178,7 @@ def summary(bumps: list[Bump]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@cli_main("bakery.bump")
 def main(argv: list[str] | None = None) -> int:
     """Bump the chosen specs; exit 0 (changed or not), 2 bad input."""
     parser = argparse.ArgumentParser(prog="python -m bakery.bump", description=__doc__.split("\n\n")[0])
@@ -187,32 +188,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     parser.add_argument("--summary", type=Path, metavar="FILE", help="write the changes as Markdown to FILE")
     args = parser.parse_args(argv)
-    try:
-        names = available_engines(args.images_dir) if args.all else list(dict.fromkeys(args.engine))
-        if not names:
-            raise InputError("no engine chosen: pass --engine NAME or --all")
-        directory = images_dir(args.images_dir)
-        bumps, writes = [], []
-        for name in names:
-            spec = load_engine(name, args.images_dir)
-            if spec.upstream.releases is None and args.all:
-                print(f"{name}: no upstream.releases feed; not followed")
-                continue
-            bump, new_text = bump_spec(spec, directory / f"{name}.yaml", release_feeds.newest_release)
-            bumps.append(bump)
-            if new_text is not None:
-                writes.append((bump.path, new_text))
-        # Written only once every spec was asked and planned: a bad feed leaves all specs as they were.
-        for path, new_text in writes if not args.dry_run else []:
-            path.write_text(new_text, encoding="utf-8")
-        for bump in bumps:
-            print(("(dry run) " if args.dry_run and bump.changes else "") + bump.describe())
-        if args.summary:
-            args.summary.write_text(summary(bumps), encoding="utf-8")
-        return 0
-    except BakeryError as exc:
-        print(f"bakery.bump: {exc}", file=sys.stderr)
-        return exc.exit_code
+    names = available_engines(args.images_dir) if args.all else list(dict.fromkeys(args.engine))
+    if not names:
+        raise InputError("no engine chosen: pass --engine NAME or --all")
+    directory = images_dir(args.images_dir)
+    bumps, writes = [], []
+    for name in names:
+        spec = load_engine(name, args.images_dir)
+        if spec.upstream.releases is None and args.all:
+            print(f"{name}: no upstream.releases feed; not followed")
+            continue
+        bump, new_text = bump_spec(spec, directory / f"{name}.yaml", release_feeds.newest_release)
+        bumps.append(bump)
+        if new_text is not None:
+            writes.append((bump.path, new_text))
+    # Written only once every spec was asked and planned: a bad feed leaves all specs as they were.
+    for path, new_text in writes if not args.dry_run else []:
+        path.write_text(new_text, encoding="utf-8")
+    for bump in bumps:
+        print(("(dry run) " if args.dry_run and bump.changes else "") + bump.describe())
+    if args.summary:
+        args.summary.write_text(summary(bumps), encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.errors import BakeryError, InputError
+from bakery.errors import InputError, cli_main
 from bakery.spec import EXIT_LINE, EngineSpec, available_engines, load_engine
 
 # Files a log line can be written from; everything else (weights, images, docs) is skipped.
@@ -191,6 +191,7 @@ def report(spec: EngineSpec, findings: list[Finding]) -> tuple[list[str], list[s
     return lines, failures
 
 
+@cli_main("bakery.drift")
 def main(argv: list[str] | None = None) -> int:
     """Check the chosen engines; exit 0 clean, 1 drift, 2 bad input."""
     parser = argparse.ArgumentParser(prog="python -m bakery.drift", description=__doc__.split("\n\n")[0])
@@ -203,26 +204,22 @@ def main(argv: list[str] | None = None) -> int:
                        help="git clone --depth 1 --branch <tag> each engine's source (needs the network)")
     parser.add_argument("--workdir", type=Path, metavar="DIR", help="where --fetch clones (default: a temp dir)")
     args = parser.parse_args(argv)
-    try:
-        names = available_engines(args.images_dir) if args.all else args.engine
-        if not names:
-            raise InputError("no engine chosen: pass --engine NAME or --all")
-        if args.source_dir and len(names) != 1:
-            raise InputError("--source-dir is one engine's checkout: choose exactly one --engine")
-        specs = [load_engine(name, args.images_dir) for name in dict.fromkeys(names)]
-        failures: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="bakery-drift-") as scratch:
-            for spec in specs:
-                tree = args.source_dir or fetch(spec, args.workdir or Path(scratch))
-                lines, gone = report(spec, check(spec, tree))
-                print("\n".join(lines))
-                failures += gone
-        for failure in failures:
-            print(f"bakery.drift: {failure}", file=sys.stderr)
-        return 1 if failures else 0
-    except BakeryError as exc:
-        print(f"bakery.drift: {exc}", file=sys.stderr)
-        return exc.exit_code
+    names = available_engines(args.images_dir) if args.all else args.engine
+    if not names:
+        raise InputError("no engine chosen: pass --engine NAME or --all")
+    if args.source_dir and len(names) != 1:
+        raise InputError("--source-dir is one engine's checkout: choose exactly one --engine")
+    specs = [load_engine(name, args.images_dir) for name in dict.fromkeys(names)]
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bakery-drift-") as scratch:
+        for spec in specs:
+            tree = args.source_dir or fetch(spec, args.workdir or Path(scratch))
+            lines, gone = report(spec, check(spec, tree))
+            print("\n".join(lines))
+            failures += gone
+    for failure in failures:
+        print(f"bakery.drift: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from typing import Any
 
 from bakery import docker_cli
 from bakery.bakefile import BASE_DIGEST_LABEL, BASE_NAME_LABEL, pinned_digest, read_target, target_name
-from bakery.errors import BakeryError, BuildError, InputError, VerificationError
+from bakery.errors import BuildError, InputError, VerificationError, cli_main
 from bakery.image_ref import SHA256_DIGEST as DIGEST
 from bakery.plan import BuildOptions, choose_base, platforms_for
 from bakery.provenance import is_attestation, push_with_provenance, read_back
@@ -392,6 +392,7 @@ def write_sbom(out: Path, *, record: Path | None = None, image: str | None = Non
 # ---- command line ---------------------------------------------------------------------------------
 
 
+@cli_main("bakery.release")
 def main(argv: list[str] | None = None) -> int:
     """`python -m bakery.release matrix|verify|assemble|sbom`; exit 0 ok, 1 failed gate/build, 2 bad input."""
     parser = argparse.ArgumentParser(prog="python -m bakery.release", description=__doc__.splitlines()[0])
@@ -429,25 +430,21 @@ def main(argv: list[str] | None = None) -> int:
     asm.add_argument("--rehearsal", action="store_true",
                      help="assemble local records (tags ...-local) to rehearse a release on this machine")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "matrix":
-            print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
-        elif args.command == "verify":
-            if (args.provenance or args.override) and not (args.push and args.provenance):
-                raise InputError("--provenance is a way to --push, and --override goes with --provenance: "
-                                 "use --push --provenance [--override FILE ...]")
-            verify_target(args.bake_file, args.target, records=args.records, push=args.push,
-                          metadata_file=args.metadata_file, rehearsal=args.rehearsal,
-                          provenance_overrides=args.override if args.provenance else None)
-        elif args.command == "sbom":
-            write_sbom(args.out, record=args.record, image=args.image)
-        else:
-            files = [f for p in args.records for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
-            assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial,
-                     tool=args.tool, variant="local" if args.rehearsal else "production")
-    except BakeryError as exc:
-        print(f"bakery.release: {exc}", file=sys.stderr)
-        return exc.exit_code
+    if args.command == "matrix":
+        print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
+    elif args.command == "verify":
+        if (args.provenance or args.override) and not (args.push and args.provenance):
+            raise InputError("--provenance is a way to --push, and --override goes with --provenance: "
+                             "use --push --provenance [--override FILE ...]")
+        verify_target(args.bake_file, args.target, records=args.records, push=args.push,
+                      metadata_file=args.metadata_file, rehearsal=args.rehearsal,
+                      provenance_overrides=args.override if args.provenance else None)
+    elif args.command == "sbom":
+        write_sbom(args.out, record=args.record, image=args.image)
+    else:
+        files = [f for p in args.records for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+        assemble([VerifiedRecord.read(f) for f in files], dry_run=args.dry_run, allow_partial=args.allow_partial,
+                 tool=args.tool, variant="local" if args.rehearsal else "production")
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bakery.errors import BakeryError
+from bakery.errors import cli_main
 from bakery.paths import RENDERED_DIR
 from bakery.render import render
 from bakery.spec import available_engines, display_path, load_engine
@@ -78,24 +78,21 @@ def stale(directory: Path = RENDERED_DIR, images_dir: Path | None = None) -> lis
     return problems
 
 
+@cli_main("bakery.rendered")
 def main(argv: list[str] | None = None) -> int:
     """Regenerate rendered/ or, with --check, report what is stale (exit 1)."""
     parser = argparse.ArgumentParser(prog="python -m bakery.rendered", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a file is stale")
     parser.add_argument("--dir", type=Path, default=RENDERED_DIR, help="where the files are (default: rendered/)")
     args = parser.parse_args(argv)
-    try:
-        if args.check:
-            problems = stale(args.dir)
-            for problem in problems:
-                print(f"bakery.rendered: {problem}", file=sys.stderr)
-            return 1 if problems else 0
-        for path in regenerate(args.dir):
-            print(f"wrote {display_path(path)}", file=sys.stderr)
-        return 0
-    except BakeryError as exc:
-        print(f"bakery.rendered: {exc}", file=sys.stderr)
-        return exc.exit_code
+    if args.check:
+        problems = stale(args.dir)
+        for problem in problems:
+            print(f"bakery.rendered: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    for path in regenerate(args.dir):
+        print(f"wrote {display_path(path)}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
