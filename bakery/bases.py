@@ -514,18 +514,20 @@ def _make_llama(base: Base, inputs: str, parent_id: str | None, say: Progress, r
         shutil.rmtree(context, ignore_errors=True)
 
 
+# Every `<engine>-standin` of the catalogue is made the same way, from bases/standin/Dockerfile.<engine>:
+# the engine comes from the base's name, so a new stand-in is a catalogue entry and its Dockerfile.
+STANDIN_SUFFIX = "-standin"
+_STANDINS = {name: name.removesuffix(STANDIN_SUFFIX) for name in BASES if name.endswith(STANDIN_SUFFIX)}
 _INPUTS: dict[str, Callable[[str | None], str]] = {
     "debian": _debian_inputs,
     "debian-nopython": _nopython_inputs,
-    "vllm-standin": _standin_inputs("vllm"),
-    "sglang-standin": _standin_inputs("sglang"),
+    **{name: _standin_inputs(engine) for name, engine in _STANDINS.items()},
     "llama-cpp": _llama_inputs,
 }
 _MAKERS: dict[str, Callable[..., str]] = {
     "debian": _make_debian,
     "debian-nopython": _make_nopython,
-    "vllm-standin": _make_standin("vllm"),
-    "sglang-standin": _make_standin("sglang"),
+    **{name: _make_standin(engine) for name, engine in _STANDINS.items()},
     "llama-cpp": _make_llama,
 }
 
