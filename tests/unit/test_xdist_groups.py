@@ -2,23 +2,27 @@
 When pytest and pytest-xdist disagree on node ids (pytest 9.2 with xdist 3.8, pytest-dev/pytest-xdist
 #1386), or when the hook that adds the marks runs after xdist's own (which reads them: hence
 tryfirst), the marks are silently ignored and the Docker tests run in both processes at once, racing
-on shared tags. This runs the installed pytest and xdist on a tiny suite grouped the way tests/conftest.py
-groups ours, and fails when the grouping no longer holds."""
+on shared tags. This runs the installed pytest and xdist on a tiny suite grouped by tests/conftest.py's
+own hook (pointed at the tiny suite's folders), and fails when the grouping no longer holds."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-CONFTEST = '''
-import pytest
+from bakery.paths import REPO_ROOT
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = "docker" if "grouped" in item.fspath.dirname else item.fspath.basename
-        item.add_marker(pytest.mark.xdist_group(group))
+# The suite's own hook, with its notion of "the tests" and "the Docker tests" moved to the tiny suite.
+CONFTEST = '''
+from pathlib import Path
+
+import tests.conftest as suite
+
+suite.TESTS = Path(__file__).resolve().parent
+suite.DOCKER_TESTS = (suite.TESTS / "grouped",)
+pytest_collection_modifyitems = suite.pytest_collection_modifyitems
 '''
 
 RECORDING_TEST = '''
@@ -40,7 +44,8 @@ def test_one_group_runs_in_one_process(tmp_path: Path) -> None:
         (tmp_path / folder / module).write_text(RECORDING_TEST.format(log=str(tmp_path / f"{folder}.log")))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
                           "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
-                         check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     grouped = (tmp_path / "grouped.log").read_text().split()
     loose = (tmp_path / "loose.log").read_text().split()
