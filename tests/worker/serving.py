@@ -126,12 +126,17 @@ def stream_records(record: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
 
 
-def wait_records(record: Path, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Wait until the stand-in recorded `count` ended streams; return them."""
+def wait_record(record: Path, prompt: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the stand-in recorded the end of the stream that answered `prompt`; return that record.
+
+    Found by its prompt, never by counting: an earlier stream's record may still be on its way (the
+    stand-in writes it after the last byte, so a later test can overtake it on a busy machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        got = stream_records(record)
-        if len(got) >= count:
-            return got
+        mine = [r for r in stream_records(record) if r.get("prompt") == prompt]
+        if len(mine) > 1:
+            raise AssertionError(f"two streams answered {prompt!r}: {mine}; give each request its own prompt")
+        if mine:
+            return mine[0]
         time.sleep(0.05)
-    raise AssertionError(f"the stand-in recorded {stream_records(record)} within {timeout} s, wanted {count}")
+    raise AssertionError(f"the stand-in recorded no stream for {prompt!r} within {timeout} s: {stream_records(record)}")

@@ -30,15 +30,18 @@ from tests.worker.helpers import (
     start_worker,
     worker_env_for,
 )
-from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_records
+from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_record
 
 ENTRYPOINT = WORKER_DIR / "boot" / "entrypoint.py"
 ROUTE = "/v1/chat/completions"
 TOKENS = 30
 
 
+HELD_PROMPT = "a long answer"  # the held stream's prompt: how its end-of-stream record is found
+
+
 def held_payload() -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "max_tokens": TOKENS,
+    return {"model": MODEL, "messages": [{"role": "user", "content": HELD_PROMPT}], "max_tokens": TOKENS,
             "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -118,7 +121,8 @@ def test_sigterm_refuses_new_requests_and_finishes_the_one_in_flight(
         rest = finish(stream, steps)
         stream.close()
         assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
-        assert wait_records(record, 1)[-1] == {"stream": ROUTE, "events": TOKENS + 4, "outcome": "complete"}
+        assert wait_record(record, HELD_PROMPT) == {"stream": ROUTE, "prompt": HELD_PROMPT, "events": TOKENS + 4,
+                                                   "outcome": "complete"}
         assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
         assert "drained in" in served.worker.text and "(1 request(s) refused meanwhile)" in served.worker.text
         # Both outcomes left before the exit: the answer that ended just before it (the SDK's 1 s
@@ -216,7 +220,7 @@ def test_the_entry_point_drains_the_worker_then_stops_the_engine(run_dir: Path, 
     finally:
         boot.stop()
         reports.close()
-    assert wait_records(record, 1)[-1]["outcome"] == "complete"
+    assert wait_record(record, HELD_PROMPT)["outcome"] == "complete"
     out = boot.text
     # supervisord stopped the worker (after its drain) before it stopped the engine.
     assert out.index("stopped: worker (exit status 0)") < out.index("stopped: vllm"), out[-3000:]

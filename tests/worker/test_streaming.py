@@ -31,7 +31,7 @@ from tests.worker.serving import (
     start_served,
     start_standin,
     stream_records,
-    wait_records,
+    wait_record,
 )
 
 pytestmark = pytest.mark.slow
@@ -95,8 +95,8 @@ def stepped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped: Stepped, route: str) -> None:
     stepped.reset()
-    before = len(stream_records(stepped.record))  # the stand-in records a stream just after its last byte
-    sent = payload(route, f"pass-through {route}")
+    prompt = f"pass-through {route}"  # the stand-in records a stream just after its last byte, by prompt
+    sent = payload(route, prompt)
     stream = EventStream(stepped.served.port, route, envelope(sent), timeout=READ_TIMEOUT)
     assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream"), stream.headers
     events = []
@@ -112,8 +112,8 @@ def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped
         assert not (stepped.steps / f"go-{held}").exists()
         (stepped.steps / f"go-{held}").touch()
     stream.close()
-    ended = wait_records(stepped.record, before + 1)[before]
-    assert ended == {"stream": route, "events": len(events), "outcome": "complete"}, ended
+    ended = wait_record(stepped.record, prompt)
+    assert ended == {"stream": route, "prompt": prompt, "events": len(events), "outcome": "complete"}, ended
 
     # The same request straight to the engine: the same events, usage chunk and [DONE].
     stepped.reset()
@@ -146,7 +146,7 @@ def test_a_client_that_goes_away_stops_the_generation(tmp_path: Path, worker_pyt
         # events would be written.
         stepped.served.worker.wait_for("cancelled (client disconnect)", timeout=READ_TIMEOUT)
         (stepped.steps / "go-all").touch()
-        ended = wait_records(stepped.record, 1)[-1]
+        ended = wait_record(stepped.record, "goes away")
         assert ended["stream"] == route and ended["outcome"] in {"BrokenPipeError", "ConnectionResetError"}, ended
         assert ended["events"] < TOKENS + 40, ended
         worker = stepped.served.worker

@@ -94,7 +94,8 @@ class Options:
                               path, JSON body or form fields, and each uploaded part's field name,
                               filename, content type, size and sha256), so tests can see what arrived.
     STANDIN_STREAM_RECORD     a file: one JSON line per streamed answer when it ends: {"stream": path,
-                              "events": n written, "outcome": "complete" or the failed write's error}.
+                              "prompt": the prompt text it answered, "events": n written,
+                              "outcome": "complete" or the failed write's error}.
     STANDIN_STEP_DIR          a directory: streamed answers wait for the test between events
                               (bakery_standin/steps.py); one stream at a time.
     """
@@ -713,12 +714,13 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     if isinstance(options, dict) and options.get("include_usage"):
         events.append(({**head, "choices": [], "usage": usage}, False))
     events.append(("[DONE]", False))
-    _stream(h, events)
+    _stream(h, events, seed)
 
 
-def _stream(h: Handler, events: list[tuple[Any, bool]]) -> None:
+def _stream(h: Handler, events: list[tuple[Any, bool]], prompt: str) -> None:
     """Write `events` as SSE (the token delay before each marked one; in step mode the test's release
-    before every event after the first) and record how the stream ended (STANDIN_STREAM_RECORD)."""
+    before every event after the first) and record how the stream ended (STANDIN_STREAM_RECORD), with
+    the prompt it answered so that a test finds its own stream's record, not an earlier one's."""
     opts = h.server.opts
     steps = Steps(opts.step_dir) if opts.step_dir else None
     written, outcome = 0, "complete"
@@ -739,7 +741,7 @@ def _stream(h: Handler, events: list[tuple[Any, bool]]) -> None:
         outcome = type(exc).__name__
         h.close_connection = True
     if opts.stream_record:
-        line = json.dumps({"stream": h.path, "events": written, "outcome": outcome}) + "\n"
+        line = json.dumps({"stream": h.path, "prompt": prompt, "events": written, "outcome": outcome}) + "\n"
         with _record_lock, open(opts.stream_record, "a", encoding="utf-8") as out:
             out.write(line)
 
