@@ -80,6 +80,10 @@ def make_parser() -> argparse.ArgumentParser:
                       help="build on the base made on this machine (spec base.local: the real llama.cpp, "
                            "or the vLLM/SGLang stand-ins); needs no registry")
     base.add_argument("--base-image", metavar="REF", help="build on this base image instead of the spec's")
+    base.add_argument("--base-model", metavar="MODEL",
+                      help="with --base-image: the model that base serves (the value of the engine's model "
+                           "variable); the gate's checks that need a model run only with it, else are reported "
+                           "as not run")
     base.add_argument("--repository", metavar="PREFIX", default="bakery",
                       help="image repository prefix for tags, e.g. ghcr.io/acme (default: bakery)")
     out = p.add_argument_group("output")
@@ -128,7 +132,8 @@ def cmd_render(specs: list[EngineSpec], options: BuildOptions, *, out: Path | No
 
 def build_options(args: argparse.Namespace) -> BuildOptions:
     """The typed options of build.py's flags: the only place argparse's namespace is read past parsing."""
-    return BuildOptions(local=args.local, base_image=args.base_image, repository=args.repository,
+    return BuildOptions(local=args.local, base_image=args.base_image, base_model=args.base_model,
+                        repository=args.repository,
                         templates_dir=args.templates_dir, images_dir=args.images_dir,
                         verify=not args.no_verify, push=args.push)
 
@@ -146,6 +151,12 @@ def check_arguments(args: argparse.Namespace) -> None:
             check_reference(args.base_image)
         except ReferenceRefused as exc:
             raise InputError(f"--base-image {args.base_image!r}: not a valid image reference: {exc}") from None
+    if args.base_model is not None:
+        if args.base_image is None:
+            raise InputError("--base-model names the model of --base-image's base: give --base-image REF too "
+                             "(a local base's model is its spec's base.local_model)")
+        if not args.base_model.strip() or not args.base_model.isprintable():
+            raise InputError(f"--base-model {args.base_model!r}: give the model's path or id, printable and not blank")
     if args.repository != "bakery":
         check_repository(args.repository)
 

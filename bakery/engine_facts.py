@@ -48,11 +48,10 @@ class EngineFacts:
     local_route: LocalRoute | None = None  # a non-default route the local base serves (base.local_route)
     long_answer: LocalLongAnswer | None = None  # a streamed answer in flight for seconds (base.local_long_answer)
 
-    def launch_env(self) -> dict[str, str]:
-        """The engine part of a launch on the local base: the model variable set to the model it serves."""
-        if self.local_model is None:
-            raise ValueError(f"images/{self.name}.yaml: base.local_model is not set: the engine has no local base")
-        return {self.model_var: self.local_model}
+    def launch_env(self, model: str | None) -> dict[str, str]:
+        """The engine part of a launch: the model variable set to `model` (the model the base serves),
+        nothing when no model is known (a team's own base without --base-model)."""
+        return {self.model_var: model} if model else {}
 
     def route_env(self) -> dict[str, str]:
         """The launch overrides that serve and benchmark only base.local_route's route, with its extra variables."""

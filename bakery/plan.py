@@ -40,6 +40,7 @@ class BuildOptions:
 
     local: bool = False  # build on the base made on this machine (spec base.local)
     base_image: str | None = None  # build on this image instead (wins over `local`)
+    base_model: str | None = None  # the model `base_image` serves (its model variable's value), if known
     repository: str = "bakery"  # the tags' repository prefix, e.g. ghcr.io/acme
     templates_dir: Path | None = None  # a team's templates, searched before the repository's
     images_dir: Path | None = None  # where the specs were read from (the gate reads the spec again)
@@ -55,6 +56,7 @@ class BaseChoice:
     variant: str  # production | local | custom (bakery.tags.VARIANTS)
     source: str  # the spec key or flag that chose it, for messages
     local: str | None = None  # the catalogue name of a base made here (bakery.bases), else None
+    model: str | None = None  # a custom base: the model it serves (--base-model), so the gate can serve it
 
     def render_options(self, templates_dir: Path | None) -> RenderOptions:
         """The render options for a Dockerfile FROM this base."""
@@ -67,7 +69,7 @@ def choose_base(spec: EngineSpec, options: BuildOptions) -> BaseChoice:
     Every path (render, bake file, build) chooses here, so each names a bad base.local the same way.
     """
     if options.base_image is not None:
-        return BaseChoice(options.base_image, "custom", "--base-image")
+        return BaseChoice(options.base_image, "custom", "--base-image", model=options.base_model)
     if options.local:
         from bakery.base_catalogue import BASES  # the catalogue only: choosing a base needs no Docker
 

@@ -23,12 +23,18 @@ from bakery.spec import IMAGES_DIR_VAR
 # against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
 GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py", GATE_DIR / "test_gate_contents.py")
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
-# what needs no engine: the image's configuration and the worker's resolution.
+# what needs no engine: the image's configuration and the worker's resolution. A custom base (a
+# team's own, --base-image) runs everything too; its serve checks need the model it serves
+# (--base-model) and are reported as not run without one (tests/image/conftest.py skips them).
 LEVELS = {
     "local": "config or resolution or serve",
     "production": "config or resolution",
-    "custom": "config or resolution",
+    "custom": "config or resolution or serve",
 }
+# How the gate's pytest learns which kind of base it checks and the model a custom base serves
+# (read by tests/image/launch.py and conftest.py).
+GATE_BASE_VAR = "BAKERY_GATE_BASE"
+GATE_MODEL_VAR = "BAKERY_GATE_MODEL"
 
 
 @dataclass
@@ -40,20 +46,28 @@ class GateResult:
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
     output: str = ""
+    not_run: list[str] = field(default_factory=list)  # checks that apply to the image but could not run here
+    not_run_reason: str = ""  # why (the skip reason of the first)
 
 
 def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
              progress: Callable[[str], None] | None = None, extra: list[str] | None = None,
-             images_dir: Path | None = None) -> GateResult:
-    """Run the gate's checks on `image_id`; returns which checks failed (by name). `images_dir` holds
-    the engine's spec when it is not the repository's images/ (the gate reads it from $BAKERY_IMAGES_DIR)."""
+             images_dir: Path | None = None, model: str | None = None) -> GateResult:
+    """Run the gate's checks on `image_id`; returns which checks failed (by name) and which were not
+    run. `images_dir` holds the engine's spec when it is not the repository's images/ (the gate reads it
+    from $BAKERY_IMAGES_DIR); `model` is the model a custom base serves (build.py --base-model)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "gate.xml"
         cmd = [sys.executable, "-m", "pytest", *map(str, GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
                "--bakery-image", image_id, "--bakery-engine", engine, "-m", LEVELS[variant],
                f"--junitxml={junit}", "-o", "junit_family=xunit2", "-q" if quiet else "-v", *(extra or [])]
         start = time.monotonic()
-        env = {**os.environ, IMAGES_DIR_VAR: str(images_dir.resolve())} if images_dir else None
+        env = {**os.environ, GATE_BASE_VAR: variant}
+        env.pop(GATE_MODEL_VAR, None)
+        if images_dir:
+            env[IMAGES_DIR_VAR] = str(images_dir.resolve())
+        if model:
+            env[GATE_MODEL_VAR] = model
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env)
         lines = []
@@ -64,20 +78,32 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
                 progress(line.rstrip().replace(str(GATE_DIR) + "/", ""))
         proc.wait()
         seconds = time.monotonic() - start
-        failed, ran = _read_junit(junit)
-    passed = proc.returncode == 0 and ran > 0 and not failed
-    return GateResult(passed=passed, ran=ran, failed=failed, seconds=seconds, output="".join(lines))
+        report = _read_junit(junit)
+    passed = proc.returncode == 0 and report.ran > 0 and not report.failed
+    return GateResult(passed=passed, ran=report.ran, failed=report.failed, seconds=seconds, output="".join(lines),
+                      not_run=report.skipped, not_run_reason=report.skip_reason)
 
 
-def _read_junit(path: Path) -> tuple[list[str], int]:
+@dataclass
+class _Report:
+    ran: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    skip_reason: str = ""
+
+
+def _read_junit(path: Path) -> _Report:
     if not path.exists():
-        return ["the gate did not run (no report)"], 0
+        return _Report(failed=["the gate did not run (no report)"])
     root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's report
-    failed, ran = [], 0
+    report = _Report()
     for case in root.iter("testcase"):
-        if case.find("skipped") is not None:
+        skipped = case.find("skipped")
+        if skipped is not None:
+            report.skipped.append(case.get("name", "?"))
+            report.skip_reason = report.skip_reason or skipped.get("message", "")
             continue
-        ran += 1
+        report.ran += 1
         if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(case.get("name", "?"))
-    return failed, ran
+            report.failed.append(case.get("name", "?"))
+    return report

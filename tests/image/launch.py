@@ -10,8 +10,10 @@ Python, so it needs nothing from the engine (production bases included).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import tarfile
 import time
 import uuid
@@ -26,6 +28,7 @@ import testinfra
 
 from bakery.engine_facts import facts
 from bakery.spec import EngineSpec
+from bakery.verify import GATE_BASE_VAR, GATE_MODEL_VAR
 
 CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
 # Where the stand-in lives inside the container under test (put there before the container starts).
@@ -57,12 +60,28 @@ WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
 SUPERVISORCTL = "/opt/bakery/venv/bin/supervisorctl"
 SUPERVISOR_CONF = "/run/bakery/supervisord.conf"  # written by the entry point (worker/boot/entrypoint.py)
+# Every container the gate starts carries TEST_LABEL and RUN_LABEL=<this process's run id>, so a run
+# removes exactly its own leftovers (conftest's session end) and a test can see that none remain.
+# $BAKERY_TEST_RUN names the run (a test that runs the gate sets it); else each process makes its own,
+# and a process's id is never inherited by the gate it starts (each sweeps only what it started).
+TEST_LABEL = "ai.bakery.test"
+RUN_LABEL = "ai.bakery.test.run"
+RUN_ID_VAR = "BAKERY_TEST_RUN"
+RUN_ID = os.environ.get(RUN_ID_VAR) or uuid.uuid4().hex[:12]
+
+
+def gate_model(spec: EngineSpec) -> str | None:
+    """The model the base under test serves: on a team's own base (build.py --base-image) the one
+    --base-model names, if any; on the bases bakery knows, images/<engine>.yaml base.local_model."""
+    if os.environ.get(GATE_BASE_VAR) == "custom":
+        return os.environ.get(GATE_MODEL_VAR) or None
+    return facts(spec).local_model
 
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
-    # The model the local base serves: images/<engine>.yaml base.local_model (bakery.engine_facts).
-    env = {"SERVERLESS": "true", **facts(spec).launch_env(), **PLATFORM_ENV, **BENCHMARK_ENV, **GRACE_ENV}
+    env = {"SERVERLESS": "true", **facts(spec).launch_env(gate_model(spec)), **PLATFORM_ENV, **BENCHMARK_ENV,
+           **GRACE_ENV}
     env.update(overrides)
     return env
 
@@ -248,13 +267,35 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
     the caller removes the container (see conftest's registry)."""
     container = client.containers.create(
         image_id, detach=True, environment=env, name=f"bakery-gate-{label}-{uuid.uuid4().hex[:8]}",
-        labels={"ai.bakery.test": "1"},
+        labels={TEST_LABEL: "1", RUN_LABEL: RUN_ID},
     )
-    if controlplane:
-        container.put_archive("/tmp", controlplane_archive())
-    container.start()
-    launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
-                        controlplane=controlplane)
-    if controlplane:
-        launched.start_controlplane(withhold_fetches=withhold_fetches)
+    try:
+        if controlplane:
+            container.put_archive("/tmp", controlplane_archive())
+        container.start()
+        launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
+                            controlplane=controlplane)
+        if controlplane:
+            launched.start_controlplane(withhold_fetches=withhold_fetches)
+    except BaseException:
+        # Nobody holds this container yet (an image whose entry point exits at once fails here):
+        # remove it now rather than leave it behind.
+        with contextlib.suppress(docker.errors.DockerException):
+            container.remove(force=True)
+        raise
     return launched
+
+
+def leftover_containers(client: docker.DockerClient, run_id: str = RUN_ID) -> list[str]:
+    """The names of the containers run `run_id` started that still exist (running or exited)."""
+    return [c.name for c in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})]
+
+
+def remove_leftovers(client: docker.DockerClient, run_id: str = RUN_ID) -> list[str]:
+    """Remove every container run `run_id` started that still exists; their names."""
+    names = []
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+        with contextlib.suppress(docker.errors.DockerException):
+            container.remove(force=True)
+            names.append(container.name)
+    return names

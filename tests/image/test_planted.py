@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ from bakery.render import RenderOptions, render, write_context
 from bakery.spec import REPO_ROOT, load_engine
 from bakery.verify import run_gate
 from bakery.wheelhouse import wheelhouse
-from tests.image.conftest import SUITE_TAG
+from tests.image.conftest import LEFTOVER_NOTE, SUITE_TAG
+from tests.image.launch import RUN_ID_VAR, leftover_containers
 
 pytestmark = pytest.mark.planted
 
@@ -56,6 +58,19 @@ DEFECTS = {
     "engine not on 18000": (lambda d: d.replace('"--port","18000"', '"--port","18001"'),
                             {"test_engine_listens_on_18000", "test_worker_reports_ready"}),
 }
+
+
+def gate_run(image_id: str, monkeypatch: pytest.MonkeyPatch, docker_client, catchers: set[str] | None = None):
+    """run_gate on `image_id` (only `catchers` when given) as a run of its own, which must leave no
+    container behind: none of its label remains, and its fixtures removed them (no backstop sweep)."""
+    run_id = f"planted-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(RUN_ID_VAR, run_id)
+    extra = ["-k", " or ".join(sorted(catchers))] if catchers else None
+    gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=extra)
+    monkeypatch.delenv(RUN_ID_VAR)
+    assert not leftover_containers(docker_client, run_id), f"the gate left containers behind: {gate.output[-2000:]}"
+    assert LEFTOVER_NOTE not in gate.output, f"a check left containers for the sweep to remove:\n{gate.output[-2000:]}"
+    return gate
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +115,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     # defect's catchers run (the rest of the image is the pristine one's, which the control passes).
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
     try:
-        gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
+        gate = gate_run(image_id, monkeypatch, docker_client, catchers)
     finally:
         docker_client.images.remove(image_id, force=True)
     assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
@@ -109,9 +124,10 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
     assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
 
 
-def test_pristine_image_passes_the_same_gate(pristine_image: str) -> None:
+def test_pristine_image_passes_the_same_gate(pristine_image: str, monkeypatch: pytest.MonkeyPatch,
+                                            docker_client) -> None:
     # The control: without a defect the very same path passes, so the failures above are the defects'.
-    gate = run_gate(pristine_image, ENGINE, variant="local", quiet=True)
+    gate = gate_run(pristine_image, monkeypatch, docker_client)
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
 
 
@@ -172,8 +188,7 @@ def test_missing_guard_is_caught(guard: str, pristine_image: str, tmp_path: Path
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "40"))
     try:
         # Only the guard's own checks run: everything else in the image is the pristine one's.
-        gate = run_gate(image_id, ENGINE, variant="local", quiet=True,
-                        extra=["-k", " or ".join(sorted(GUARD_CATCHERS[guard]))])
+        gate = gate_run(image_id, monkeypatch, docker_client, GUARD_CATCHERS[guard])
     finally:
         docker_client.images.remove(image_id, force=True)
     assert gate.ran, f"no platform check ran without {guard!r}:\n{gate.output[-3000:]}"
@@ -203,11 +218,12 @@ CONTENT_DEFECTS = {
 
 
 @pytest.mark.parametrize("defect", sorted(CONTENT_DEFECTS))
-def test_content_defect_is_caught(defect: str, pristine_image: str, tmp_path: Path, docker_client) -> None:
+def test_content_defect_is_caught(defect: str, pristine_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  docker_client) -> None:
     step, catchers = CONTENT_DEFECTS[defect]
     image_id = overlay(tmp_path, step)  # the step appended after the pristine image's last
     try:
-        gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(sorted(catchers))])
+        gate = gate_run(image_id, monkeypatch, docker_client, catchers)
     finally:
         docker_client.images.remove(image_id, force=True)
     assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"

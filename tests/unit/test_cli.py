@@ -113,7 +113,7 @@ def test_help_documents_every_option_with_examples() -> None:
     proc = run("--help")
     assert proc.returncode == 0
     for option in ("--engine", "--all", "--render-only", "--out", "--list", "--show", "--local", "--base-image",
-                   "--push", "--quiet", "--json", "--bake-file"):
+                   "--base-model", "--push", "--quiet", "--json", "--bake-file"):
         assert option in proc.stdout
     assert "examples:" in proc.stdout
 
@@ -147,6 +147,16 @@ def test_a_bad_base_image_is_refused_naming_the_flag(ref: str, why: str) -> None
     assert_one_line_error(proc, "build.py: --base-image ", "not a valid image reference", why)
     assert proc.stdout == ""
     assert "images/llama.yaml" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--base-model", "m"), "give --base-image REF too"),
+    (("--base-image", "team/base:1", "--base-model", " "), "printable and not blank"),
+    (("--base-image", "team/base:1", "--base-model", "m\nRUN id"), "printable and not blank"),
+])
+def test_base_model_is_refused_without_its_base_or_blank(args: tuple[str, ...], says: str) -> None:
+    proc = run("--engine", "vllm", "--render-only", *args)
+    assert_one_line_error(proc, "build.py: --base-model", says)
 
 
 def test_a_valid_pinned_base_image_renders() -> None:

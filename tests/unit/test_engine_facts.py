@@ -16,7 +16,7 @@ from bakery.spec import IMAGES_DIR
 def test_facts_of_the_repository_engines() -> None:
     llama = engine_facts.engine_facts("llama")
     assert (llama.program, llama.exit_line, llama.model_var) == ("llama", "INFO exited: llama", "LLAMA_MODEL")
-    assert llama.launch_env() == {"LLAMA_MODEL": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert llama.launch_env(llama.local_model) == {"LLAMA_MODEL": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
     assert llama.fail_load_env == {"LLAMA_MODEL": "/models/missing.gguf"}
     assert engine_facts.engine_facts("vllm").fail_load_env == {"STANDIN_FAIL_LOAD": "1"}
     assert engine_facts.backend_aliases() == {"openai": "vllm"}
@@ -44,10 +44,25 @@ def test_a_fifth_engine_is_picked_up_from_its_yaml(tmp_path: Path) -> None:
     assert (echo.exit_line, echo.load_lines, echo.backend) == ("INFO exited: echo", ("up",), "echo")
 
 
-def test_unknown_engine_and_missing_local_model_name_the_fix(tmp_path: Path) -> None:
+def test_unknown_engine_names_the_fix() -> None:
     with pytest.raises(InputError, match="unknown engine 'tgi': choose one of llama, sglang, vllm"):
         engine_facts.engine_facts("tgi")
-    bare = engine_facts.engine_facts("vllm")
-    no_local = engine_facts.EngineFacts(**{**bare.__dict__, "local_model": None})
-    with pytest.raises(ValueError, match=r"images/vllm.yaml: base.local_model is not set"):
-        no_local.launch_env()
+
+
+def test_a_base_whose_model_is_not_known_launches_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A team's own base (--base-image) serves the model --base-model names, or none known: the gate
+    # then sets no model variable (never the local base's model, which that base does not have).
+    from bakery.spec import load_engine
+    from bakery.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+    from tests.image.launch import gate_model, serverless_env
+
+    vllm = load_engine("vllm")
+    model_var = engine_facts.facts(vllm).model_var
+    assert engine_facts.facts(vllm).launch_env(None) == {}
+    monkeypatch.setenv(GATE_BASE_VAR, "custom")
+    monkeypatch.delenv(GATE_MODEL_VAR, raising=False)
+    assert gate_model(vllm) is None and model_var not in serverless_env(vllm)
+    monkeypatch.setenv(GATE_MODEL_VAR, "/team/model")
+    assert serverless_env(vllm)[model_var] == "/team/model"
+    monkeypatch.setenv(GATE_BASE_VAR, "production")
+    assert serverless_env(vllm)[model_var] == engine_facts.facts(vllm).local_model

@@ -128,15 +128,19 @@ def test_exit_line_is_the_one_the_entry_point_writes() -> None:
 
 
 @pytest.mark.parametrize("engine", [e for e in available_engines() if FACTS[e].local_base])
-def test_gate_launches_the_local_base_with_the_spec_model(engine: str) -> None:
+def test_gate_launches_the_local_base_with_the_spec_model(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bakery.verify import GATE_BASE_VAR
+    from tests.image.launch import gate_model
+
     facts: EngineFacts = FACTS[engine]
+    monkeypatch.setenv(GATE_BASE_VAR, "local")
     launch = _assigned_literals(REPO_ROOT / "tests" / "image" / "launch.py")
     if "LOCAL_MODELS" in launch:  # until tests/image/launch.py uses engine_facts.launch_env()
         gate_model = launch["LOCAL_MODELS"].get(engine, launch["STANDIN_MODEL"])  # type: ignore[union-attr]
         assert gate_model == facts.local_model, \
             f"tests/image/launch.py serves {gate_model!r} on {engine}'s local base; " \
             f"images/{engine}.yaml: base.local_model is {facts.local_model!r}"
-    assert facts.launch_env() == {facts.model_var: facts.local_model}
+    assert facts.launch_env(gate_model(load_engine(engine))) == {facts.model_var: facts.local_model}
     from bakery.base_catalogue import BASES
 
     assert facts.local_base in BASES, f"images/{engine}.yaml: base.local {facts.local_base!r} is not in the catalogue"

@@ -1,0 +1,82 @@
+"""An engine on a team's own base passes the gate: a spec kept outside the repository, with no local
+base, built with `build.py --base-image REF` as the README shows.
+
+Without `--base-model` the gate runs every check that needs no model and reports the others as not
+run (never as errors); with `--base-model`, naming the model that base serves, they run too. The
+team's base here is the vLLM stand-in base (made by bakery.bases), and `zeta` has no worker adapter:
+the generic worker serves it from what its image bakes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bakery import bases
+from bakery.base_catalogue import BASES
+from bakery.spec import REPO_ROOT
+
+TEAM_BASE = "vllm-standin"
+TEAM_MODEL = "standin/tiny-chat"  # the model the stand-in base serves
+SPEC = {
+    "name": "zeta",
+    "description": "zeta, an engine on a team's own base",
+    "version": "2.0.0",
+    "source": "https://github.com/example/zeta",
+    "base": {"image": "example/zeta:2.0.0"},
+    "engine": {"command": ["vllm", "serve", "${ZETA_MODEL}", "--host", "127.0.0.1", "--port", "18000"],
+               "model_var": "ZETA_MODEL", "args_var": "ZETA_ARGS"},
+    "bake": {"env": {"BACKEND": "zeta", "MODEL_LOG": "/var/log/portal/zeta.log",
+                     "MODEL_LOAD_LOG_MSG": ["Application startup complete."],
+                     "MODEL_ERROR_LOG_MSGS": ["INFO exited: zeta", "EngineCore failed to start."],
+                     "MODEL_INFO_LOG_MSGS": ['"message":"Download'], "MODEL_HEALTH_ENDPOINT": "/health"},
+             "expose": [3000]},
+}
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory, docker_client) -> tuple[Path, str]:
+    """The spec directory and the team's base ref (present on this engine, as a team's base would be)."""
+    images = tmp_path_factory.mktemp("team") / "images"
+    images.mkdir()
+    (images / "zeta.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    bases.ensure_base("debian")
+    bases.ensure_base(TEAM_BASE)
+    return images, BASES[TEAM_BASE].ref
+
+
+def build(images: Path, base: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    """build.py on the team's spec and base, gate included; (exit code, JSON summary, stderr)."""
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "build.py"), "--images-dir", str(images), "--engine",
+                           "zeta", "--base-image", base, *extra, "--json"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=1800, check=False)
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+@pytest.mark.serve
+def test_without_its_model_the_checks_needing_one_are_reported_not_run(team: tuple[Path, str]) -> None:
+    code, summary, err = build(*team)
+    engine = summary["engines"][0]
+    assert code == 0 and engine["verified"], f"{engine.get('failed_checks')}\n{err[-4000:]}"
+    assert engine["variant"] == "custom" and engine["checks_run"] >= 5, engine
+    not_run = {name.split("[")[0] for name in engine["checks_not_run"]}
+    assert {"test_worker_reports_ready", "test_signed_completion_served"} <= not_run, engine["checks_not_run"]
+    assert "checks not run: not run: this check needs the model the base serves" in err, err[-2000:]
+    assert "--base-model" in err
+
+
+@pytest.mark.serve
+def test_with_its_model_named_every_check_runs(team: tuple[Path, str]) -> None:
+    code, summary, err = build(*team, "--base-model", TEAM_MODEL)
+    engine = summary["engines"][0]
+    assert code == 0 and engine["verified"], f"{engine.get('failed_checks')}\n{err[-4000:]}"
+    # Only what the spec gives nothing to check is left: zeta names no base.local_route.
+    assert {name.split("[")[0] for name in engine["checks_not_run"]} <= {"test_local_route_served_signed"}, engine
+    assert engine["checks_run"] >= 25, engine
+
