@@ -18,7 +18,7 @@ Each target carries one **candidate** tag, never a release tag: release tags com
 verification gate (bakery.release / build.py). Cache settings are not in the file (they depend on
 the builder: the default `docker` driver exports none); `python -m bakery.bakefile ci` writes an
 override file with them, and with named contexts for the locally made images a docker-container,
-remote or kubernetes builder cannot see (see README, "Bake file"). With `--pin-bases` it also pins
+remote or kubernetes builder cannot see (see docs/bake-file.md). With `--pin-bases` it also pins
 each registry base to the digest it resolves to now (a named context `docker-image://ref@sha256:...`,
 so the build cannot drift from it) and labels the image with that digest
 (`org.opencontainers.image.base.digest`), which `bakery.release verify` records.

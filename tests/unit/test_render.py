@@ -78,7 +78,7 @@ def test_missing_template_is_one_clear_line() -> None:
 
 
 def test_a_fourth_engine_is_one_yaml_file(tmp_path: Path) -> None:
-    # The README's example: TGI-style engine, no template of its own.
+    # docs/adding-an-engine.md's example: TGI-style engine, no template of its own.
     text = (IMAGES_DIR / "vllm.yaml").read_text().replace("name: vllm", "name: tgi")
     data = yaml.safe_load(text)
     data["template"] = "base.Dockerfile.j2"

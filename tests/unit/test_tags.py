@@ -1,4 +1,4 @@
-"""The tag scheme (bakery/tags.py, README "Tag scheme"): computed from the spec, tested as a table."""
+"""The tag scheme (bakery/tags.py, docs/tags.md): computed from the spec, tested as a table."""
 
 from __future__ import annotations
 
