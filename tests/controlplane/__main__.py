@@ -1,7 +1,7 @@
 """Command line of the control-plane stand-in (see README.md next to this file).
 
-    python -m controlplane serve [--port 18200] [--withhold | --withhold-for N]
-    python -m controlplane release | withhold [--status 503]
+    python -m controlplane serve [--port 18200] [--withhold | --withhold-for N [--hold]]
+    python -m controlplane release | lift-hold | withhold [--status 503]
     python -m controlplane sign URL
     python -m controlplane post [--route /v1/completions] [--payload JSON] [--signature valid]
     python -m controlplane probe CASES_JSON
@@ -37,10 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--withhold", action="store_true", help="start with the key withheld (503) until `release`")
     p.add_argument("--withhold-for", type=int, metavar="N", help="withhold the key from the first N fetches only")
+    p.add_argument("--hold", action="store_true",
+                   help="with --withhold-for: keep withholding after those N fetches until `lift-hold`")
     p = sub.add_parser("withhold", help="make /pubkey/ answer an error until `release`")
     p.add_argument("--status", type=int, default=503)
     p.add_argument("--times", type=int, help="only for the next N fetches")
     sub.add_parser("release", help="serve the key from now on")
+    sub.add_parser("lift-hold", help="end a --hold: serve the key once the counted fetches are withheld")
     p = sub.add_parser("sign", help="print the platform's signature of a worker URL")
     p.add_argument("url")
     p = sub.add_parser("envelope", help="print a signed request body")
@@ -84,13 +87,17 @@ def main(argv: list[str] | None = None) -> int:
             state.dir.mkdir(parents=True, exist_ok=True)
             if args.withhold_for is not None and args.withhold_for < 1:
                 raise ValueError(f"--withhold-for must be a positive number of fetches, got {args.withhold_for}")
+            if args.hold and not args.withhold_for:
+                raise ValueError("--hold goes with --withhold-for N")
             if args.withhold or args.withhold_for:
-                state.withhold(times=None if args.withhold else args.withhold_for)
+                state.withhold(times=None if args.withhold else args.withhold_for, hold=args.hold)
             serve(state, args.host, args.port)
         elif args.command == "withhold":
             state.withhold(args.status, args.times)
         elif args.command == "release":
             state.release()
+        elif args.command == "lift-hold":
+            state.lift_hold()
         elif args.command == "sign":
             print(signing.sign(state.key(), args.url))
         elif args.command == "envelope":

@@ -3,7 +3,8 @@
 Stdlib HTTP server. Everything it is asked is appended to `<state>/records.jsonl`, one JSON object
 a line: {"time", "method", "path", "status", "body"}; POST bodies are parsed as JSON when they are.
 The key is withheld (GET /pubkey/ answers the status in `<state>/withhold`) while that file exists;
-`<status> <n>` in it withholds the key from the next n fetches only.
+`<status> <n>` in it withholds the key from the next n fetches only, and `<status> <n> hold` from at
+least those n and then until `lift-hold` (a test that must act before the key is served).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ RECORDS = "records.jsonl"
 KEY = "key.pem"
 OTHER_KEY = "other.pem"
 WITHHOLD = "withhold"
+HOLD = "hold"  # the withhold file's last word while a test holds the key back (lift-hold)
 REPORT_PATHS = ("/worker_status/", "/delete_requests/")
 MAX_BODY = 1 << 20  # the SDK's reports are a few kB; anything bigger is recorded truncated
 
@@ -54,18 +56,35 @@ class State:
                 return None
             fields = path.read_text().split()
             status = int(fields[0]) if fields and fields[0].isdigit() else 503
+            hold = fields[-1] == HOLD
             if len(fields) > 1 and fields[1].isdigit():
-                left = int(fields[1]) - 1
-                if left <= 0:
+                left = max(int(fields[1]) - 1, 0)
+                if left == 0 and not hold:
                     path.unlink()
                 else:
-                    path.write_text(f"{status} {left}\n")
+                    path.write_text(f"{status} {left}{' ' + HOLD if hold else ''}\n")
             return status
 
-    def withhold(self, status: int = 503, times: int | None = None) -> None:
-        """Make /pubkey/ answer `status` until release(), or for the next `times` fetches only."""
+    def withhold(self, status: int = 503, times: int | None = None, hold: bool = False) -> None:
+        """Make /pubkey/ answer `status` until release(), or for the next `times` fetches only; with
+        `hold`, for those `times` and then until lift_hold()."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / WITHHOLD).write_text(f"{status}" + (f" {times}" if times else "") + "\n")
+        text = f"{status}" + (f" {times}" if times else "") + (f" {HOLD}" if hold and times else "")
+        (self.dir / WITHHOLD).write_text(text + "\n")
+
+    def lift_hold(self) -> None:
+        """End a hold: the fetches still counted stay withheld, and then the key is served."""
+        path = self.dir / WITHHOLD
+        with self._lock:
+            if not path.exists():
+                return
+            fields = path.read_text().split()
+            if fields and fields[-1] == HOLD:
+                fields.pop()
+                if len(fields) > 1 and fields[1].isdigit() and int(fields[1]) > 0:
+                    path.write_text(" ".join(fields) + "\n")
+                else:
+                    path.unlink()
 
     def release(self) -> None:
         """Serve the key from now on."""

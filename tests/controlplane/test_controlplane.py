@@ -115,6 +115,23 @@ def test_withhold_for_n_fetches_then_serve(served: Served) -> None:
     assert [r["status"] for r in served.records("/pubkey/")] == statuses
 
 
+@pytest.mark.parametrize("served", [["--withhold-for", "2", "--hold"]], indirect=True)
+def test_a_hold_keeps_the_key_back_past_n_fetches_until_lifted(served: Served, python: str) -> None:
+    # The late-key launch on a busy machine: the key comes only after the SDK's tries AND the probe
+    # before ready, whichever is later.
+    statuses = [served.get("/pubkey/")[0] for _ in range(3)]
+    _cli(python, served.state, "lift-hold")
+    statuses += [served.get("/pubkey/")[0] for _ in range(2)]
+    assert statuses == [503, 503, 503, 200, 200]
+
+
+@pytest.mark.parametrize("served", [["--withhold-for", "3", "--hold"]], indirect=True)
+def test_lifting_a_hold_early_still_withholds_the_counted_fetches(served: Served, python: str) -> None:
+    _cli(python, served.state, "lift-hold")
+    statuses = [served.get("/pubkey/")[0] for _ in range(4)]
+    assert statuses == [503, 503, 503, 200]
+
+
 def test_reports_and_stray_calls_are_recorded(served: Served) -> None:
     report = {"id": 1, "loadtime": 1.5, "max_perf": 42.0, "error_msg": "", "url": "http://127.0.0.1:3000"}
     assert served.post("/worker_status/", report) == 200

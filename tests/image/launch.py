@@ -179,15 +179,16 @@ class Launched:
 
     # ---- the control-plane stand-in inside the container --------------------------------------
 
-    def start_controlplane(self, withhold_fetches: int | None = None) -> None:
+    def start_controlplane(self, withhold_fetches: int | None = None, hold: bool = False) -> None:
         """Start the stand-in (again after a container restart) and wait until it listens; with
-        `withhold_fetches`, /pubkey/ answers 503 to that many fetches before serving the key."""
+        `withhold_fetches`, /pubkey/ answers 503 to that many fetches before serving the key (with
+        `hold`, also until lift_hold(), however long the worker took to get that far)."""
         address = f"{CONTROLPLANE_STATE}/address"
         self.container.exec_run(["/bin/sh", "-c", f"rm -f {address}"])
         serve = [WORKER_PYTHON, "-m", "controlplane", "--state", CONTROLPLANE_STATE, "serve",
                  "--port", str(CONTROLPLANE_PORT)]
         if withhold_fetches:
-            serve += ["--withhold-for", str(withhold_fetches)]
+            serve += ["--withhold-for", str(withhold_fetches), *(["--hold"] if hold else [])]
         command = " ".join(serve) + f" >>{CONTROLPLANE_ROOT}/serve.log 2>&1"
         self.container.exec_run(["/bin/sh", "-c", command], detach=True,
                                 environment={"PYTHONPATH": CONTROLPLANE_ROOT}, workdir="/")
@@ -204,6 +205,10 @@ class Launched:
         if result.exit_code != 0:
             raise RuntimeError(f"controlplane {args[0]} exited {result.exit_code}: {err.strip()[-2000:]}")
         return out
+
+    def lift_hold(self) -> None:
+        """Let the control plane serve the key (after the fetches it counts), ending a hold."""
+        self.controlplane_cli("lift-hold")
 
     def probe(self, cases: list[dict[str, Any]], timeout: float = 120) -> dict[str, dict[str, Any]]:
         """Send probe cases (tests/controlplane/probe.py) to :3000 from inside; results by case name."""
@@ -261,7 +266,7 @@ class Launched:
 
 
 def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], label: str, *,
-           controlplane: bool = True, withhold_fetches: int | None = None) -> Launched:
+           controlplane: bool = True, withhold_fetches: int | None = None, hold: bool = False) -> Launched:
     """Start `image_id` detached with `env`, with the control-plane stand-in inside it (unless
     `controlplane` is False; `withhold_fetches` N: /pubkey/ answers 503 to the first N fetches);
     the caller removes the container (see conftest's registry)."""
@@ -276,7 +281,7 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
         launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
                             controlplane=controlplane)
         if controlplane:
-            launched.start_controlplane(withhold_fetches=withhold_fetches)
+            launched.start_controlplane(withhold_fetches=withhold_fetches, hold=hold)
     except BaseException:
         # Nobody holds this container yet (an image whose entry point exits at once fails here):
         # remove it now rather than leave it behind.

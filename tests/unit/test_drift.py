@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bakery import drift
-from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine, load_spec_file
+from bakery.spec import IMAGES_DIR, REPO_ROOT, available_engines, load_engine, load_spec_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "drift"
 # The pinned versions, read from the specs: a version bump (python -m bakery.bump) keeps these tests true.
@@ -160,7 +160,7 @@ def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
     (("--all", "--source-dir", "/tmp"), "bakery.drift: --source-dir is one engine's checkout: choose exactly one "
                                         "--engine"),
     (("--engine", "tgi", "--source-dir", "/tmp"),
-     "bakery.drift: unknown engine 'tgi': choose one of llama, sglang, vllm (files in images/)"),
+     f"bakery.drift: unknown engine 'tgi': choose one of {', '.join(available_engines())} (files in images/)"),
 ])
 def test_bad_input_is_one_line(args: tuple[str, ...], message: str) -> None:
     proc = run(*args)

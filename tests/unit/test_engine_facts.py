@@ -10,7 +10,7 @@ import yaml
 
 from bakery import engine_facts
 from bakery.errors import InputError
-from bakery.spec import IMAGES_DIR
+from bakery.spec import IMAGES_DIR, available_engines
 
 
 def test_facts_of_the_repository_engines() -> None:
@@ -20,7 +20,11 @@ def test_facts_of_the_repository_engines() -> None:
     assert llama.fail_load_env == {"LLAMA_MODEL": "/models/missing.gguf"}
     assert engine_facts.engine_facts("vllm").fail_load_env == {"STANDIN_FAIL_LOAD": "1"}
     assert engine_facts.backend_aliases() == {"openai": "vllm"}
-    assert engine_facts.backend_programs() == {"llama": "llama", "sglang": "sglang", "vllm": "vllm", "openai": "vllm"}
+    programs = engine_facts.backend_programs()
+    # Every engine of images/ is there (a fourth is one more YAML file); these are the repository's three.
+    assert set(programs) == set(available_engines()) | {"openai"}
+    assert {name: programs[name] for name in ("llama", "sglang", "vllm", "openai")} == \
+        {"llama": "llama", "sglang": "sglang", "vllm": "vllm", "openai": "vllm"}
 
 
 def _with_fifth(tmp_path: Path) -> Path:
@@ -37,8 +41,8 @@ def _with_fifth(tmp_path: Path) -> Path:
 
 def test_a_fifth_engine_is_picked_up_from_its_yaml(tmp_path: Path) -> None:
     images = _with_fifth(tmp_path)
-    assert engine_facts.model_id_vars(images) == ("MODEL_NAME", "ECHO_MODEL", "LLAMA_MODEL", "SGLANG_MODEL",
-                                                  "VLLM_MODEL")
+    own = sorted(engine_facts.engine_facts(name).model_var for name in available_engines())
+    assert engine_facts.model_id_vars(images) == ("MODEL_NAME", *sorted([*own, "ECHO_MODEL"]))
     assert engine_facts.backend_programs(images)["echoes"] == "echo"
     echo = engine_facts.engine_facts("echo", images)
     assert (echo.exit_line, echo.load_lines, echo.backend) == ("INFO exited: echo", ("up",), "echo")

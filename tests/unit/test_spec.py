@@ -35,7 +35,7 @@ def error_of(path: Path) -> str:
 
 
 def test_the_three_engines_load_with_the_reference_values() -> None:
-    assert available_engines() == ["llama", "sglang", "vllm"]
+    assert {"llama", "sglang", "vllm"} <= set(available_engines())  # a fourth engine is one more file
     loads = {"llama": "model loaded", "vllm": "Application startup complete.",
              "sglang": "The server is fired up and ready to roll!"}
     for name, load_line in loads.items():
