@@ -24,8 +24,8 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.engine_facts import facts
-from bakery.spec import EngineSpec
+from bakery.spec.engine_facts import facts
+from bakery.spec.engine_spec import EngineSpec
 
 CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
 # Where the stand-in lives inside the container under test (put there before the container starts).
@@ -61,7 +61,7 @@ SUPERVISOR_CONF = "/run/bakery/supervisord.conf"  # written by the entry point (
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
-    # The model the local base serves: images/<engine>.yaml base.local_model (bakery.engine_facts).
+    # The model the local base serves: images/<engine>.yaml base.local_model (bakery.spec.engine_facts).
     env = {"SERVERLESS": "true", **facts(spec).launch_env(), **PLATFORM_ENV, **BENCHMARK_ENV, **GRACE_ENV}
     env.update(overrides)
     return env

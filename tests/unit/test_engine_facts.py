@@ -1,4 +1,4 @@
-"""bakery.engine_facts: each fact derived from the specs, including for an engine the repo does not have."""
+"""bakery.spec.engine_facts: each fact derived from the specs, including for an engine the repo does not have."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery import engine_facts
 from bakery.errors import InputError
-from bakery.spec import IMAGES_DIR
+from bakery.spec import engine_facts
+from bakery.spec.engine_spec import IMAGES_DIR
 
 
 def test_facts_of_the_repository_engines() -> None:

@@ -1,10 +1,10 @@
 """The layers of docs/architecture.md, read from the code (AST), so a shortcut past one fails here.
 
-- Docker is reached only through the Docker layer (bakery/docker_*.py): no other module of bakery
+- Docker is reached only through the Docker layer (bakery/docker/*.py): no other module of bakery
   imports the Docker SDK or runs the `docker` CLI, and inside the layer each job is done once
   (one client factory, one build-stream reader, one push loop, the CLI calls in one module).
 - Nothing below the CLI takes an argparse namespace: build.py's flags become typed options
-  (bakery.plan.BuildOptions) in bakery/cli.py, and a module's own `main` reads its own flags only.
+  (bakery.recipe.plan.BuildOptions) in bakery/cli.py, and a module's own `main` reads its own flags only.
 """
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ import pytest
 from bakery.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "bakery"
-MODULES = sorted(PACKAGE.glob("*.py"))
-DOCKER_LAYER = {"docker_engine.py", "docker_build.py", "docker_push.py", "docker_cli.py"}
+MODULES = sorted(PACKAGE.rglob("*.py"))
+DOCKER_LAYER = {"docker/__init__.py", "docker/engine.py", "docker/build.py", "docker/push.py", "docker/cli.py"}
 # Inside the layer: which module alone may do each thing (an SDK call, by attribute, or a subprocess).
 ONLY_IN = {
-    "from_env": "docker_engine.py",  # the one client factory
-    "DockerClient": "docker_engine.py",
-    "build": "docker_build.py",  # client.api.build: the one build-stream reader
-    "push": "docker_push.py",  # client.api.push: the one push loop
-    "import_image": "docker_engine.py",
-    "subprocess": "docker_cli.py",  # the docker CLI
+    "from_env": "docker/engine.py",  # the one client factory
+    "DockerClient": "docker/engine.py",
+    "build": "docker/build.py",  # client.api.build: the one build-stream reader
+    "push": "docker/push.py",  # client.api.push: the one push loop
+    "import_image": "docker/engine.py",
+    "subprocess": "docker/cli.py",  # the docker CLI
 }
 _RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "system", "which", "execvp", "execv", "spawnvp"}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
 
 
 def _tree(path: Path) -> ast.AST:
@@ -75,22 +79,22 @@ def _uses(tree: ast.AST) -> set[str]:
 
 
 def test_the_layer_modules_exist() -> None:
-    assert {p.name for p in MODULES} >= DOCKER_LAYER, "update DOCKER_LAYER to the layer's modules"
+    assert {_rel(p) for p in MODULES} >= DOCKER_LAYER, "update DOCKER_LAYER to the layer's modules"
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if p.name not in DOCKER_LAYER], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in MODULES if _rel(p) not in DOCKER_LAYER], ids=_rel)
 def test_no_module_outside_the_docker_layer_reaches_docker(path: Path) -> None:
     tree = _tree(path)
     found = docker_imports(tree) + docker_commands(tree)
-    assert not found, (f"bakery/{path.name} reaches Docker directly ({'; '.join(found)}): call a function of "
+    assert not found, (f"bakery/{_rel(path)} reaches Docker directly ({'; '.join(found)}): call a function of "
                        f"the Docker layer ({', '.join(sorted(DOCKER_LAYER))}) instead")
 
 
 def test_each_docker_job_is_done_in_one_module_of_the_layer() -> None:
     for name, owner in ONLY_IN.items():
-        where = sorted(p.name for p in MODULES if p.name in DOCKER_LAYER and name in _uses(_tree(p)))
+        where = sorted(_rel(p) for p in MODULES if _rel(p) in DOCKER_LAYER and name in _uses(_tree(p)))
         if name in ("build", "push"):  # an attribute many objects have: only the SDK's api.<name> counts
-            where = sorted(p.name for p in MODULES if p.name in DOCKER_LAYER
+            where = sorted(_rel(p) for p in MODULES if _rel(p) in DOCKER_LAYER
                            and f"api.{name}(" in p.read_text(encoding="utf-8"))
         assert where in ([owner], []), f"{name}: done in {where}; only {owner} may"
         assert where == [owner], f"{owner} no longer does {name}: update ONLY_IN"
@@ -100,11 +104,11 @@ def test_nothing_below_the_cli_takes_an_argparse_namespace() -> None:
     found = []
     for path in MODULES:
         for node in ast.walk(_tree(path)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and path.name != "cli.py":
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _rel(path) != "cli.py":
                 annotated = [a for a in [*node.args.args, *node.args.kwonlyargs]
                              if a.annotation is not None and "Namespace" in ast.unparse(a.annotation)]
-                found += [f"bakery/{path.name}: {node.name}({a.arg})" for a in annotated]
-    assert not found, f"typed options (bakery.plan.BuildOptions), not an argparse namespace: {found}"
+                found += [f"bakery/{_rel(path)}: {node.name}({a.arg})" for a in annotated]
+    assert not found, f"typed options (bakery.recipe.plan.BuildOptions), not an argparse namespace: {found}"
 
 
 def test_the_checks_can_fail() -> None:
