@@ -44,7 +44,7 @@ from typing import Any
 from bakery.docker import engine as docker_engine
 from bakery.docker.build import build
 from bakery.errors import BuildError, InputError
-from bakery.host.downloads import XLLAMACPP_VERSION, smollm2_model_path, xllamacpp_wheel_dir
+from bakery.host.downloads import smollm2_model_path, xllamacpp_wheel_dir
 from bakery.paths import cache_path
 from bakery.spec.base_catalogue import (  # the catalogue: what each base is (re-exported for callers)
     BASES,
@@ -54,6 +54,7 @@ from bakery.spec.base_catalogue import (  # the catalogue: what each base is (re
     SGLANG_STANDIN_VERSION,
     STANDIN_DIR,
     VLLM_STANDIN_VERSION,
+    XLLAMACPP_VERSION,
     Base,
 )
 

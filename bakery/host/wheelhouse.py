@@ -9,13 +9,13 @@ same build context serves any base.
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from bakery.errors import BuildError
 from bakery.host.artifacts import PINNED, pinned_download, pip_download, verify_pinned
+from bakery.host.downloads import requirement_lines
 from bakery.paths import TEMPLATES_DIR, WORKER_REQUIREMENTS, cache_path
 
 # The SBOM generator's wheels (templates/context/make-sbom.sh); hash-pinned like the worker's.
@@ -35,13 +35,6 @@ def platform_tags(platform: str) -> tuple[str, ...]:
     return tuple(f"manylinux{g}_{arch}" for g in _GLIBC)
 
 
-def without_markers(requirements: str) -> str:
-    """Drop environment markers: pip download evaluates them against the HOST's Python, which would
-    leave out wheels (async-timeout for 3.10, setuptools for 3.12) that the image's Python needs.
-    The image's pip install still evaluates the original markers."""
-    return re.sub(r"^(\S+==\S+)\s*;[^\\\n]*", r"\1 ", requirements, flags=re.MULTILINE)
-
-
 def wheelhouse(platform: str = "linux/amd64") -> Path:
     """Return a directory holding every wheel an image build for `platform` needs (cached)."""
     pins = [PINNED[tool] for tool in BUILD_TOOLS]
@@ -58,10 +51,13 @@ def wheelhouse(platform: str = "linux/amd64") -> Path:
     tags = platform_tags(platform)
     with tempfile.TemporaryDirectory() as tmp:
         for source in (WORKER_REQUIREMENTS, SBOM_REQUIREMENTS):
-            unmarked = Path(tmp) / source.name
-            unmarked.write_text(without_markers(source.read_text()))
             for version in PYTHON_VERSIONS:
-                pip_download(["--no-deps", "--require-hashes", "-r", str(unmarked)], dest,
+                # pip download evaluates markers against the HOST's Python, so each target Python gets
+                # its own lines, markers resolved for it (as worker_wheelhouse does); the image's pip
+                # install evaluates the original markers again.
+                resolved = Path(tmp) / f"{source.stem}-{version}.txt"
+                resolved.write_text("\n".join(requirement_lines(version, source)) + "\n")
+                pip_download(["--no-deps", "--require-hashes", "-r", str(resolved)], dest,
                              python_version=version, platforms=tags)
     pinned_download(list(BUILD_TOOLS), dest, python_version="3.11", platforms=tags)
     verify_build_tools(dest)

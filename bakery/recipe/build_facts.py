@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bakery.errors import InputError
 from bakery.paths import REPO_ROOT
-from bakery.spec.dockerfile_values import BUILD_ARGS
+from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG
 
 
 def git_revision() -> str:
@@ -48,9 +48,6 @@ def source_date() -> str:
     except (ValueError, OverflowError, OSError):
         raise InputError(f"SOURCE_DATE_EPOCH={epoch!r} is not a Unix time in seconds: unset it or fix it") from None
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-REVISION_ARG, CREATED_ARG = BUILD_ARGS  # the Dockerfile's ARG names (bakery.spec.dockerfile_values)
 
 
 @dataclass(frozen=True)

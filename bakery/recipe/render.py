@@ -17,9 +17,8 @@ import jinja2
 from bakery import __version__
 from bakery.errors import InputError
 from bakery.paths import REPO_ROOT, TEMPLATES_DIR
-from bakery.recipe.build_facts import CREATED_ARG, REVISION_ARG
 from bakery.spec import dockerfile_values
-from bakery.spec.dockerfile_values import Token
+from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG, Token
 from bakery.spec.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.spec.engine_spec import LIST_VARS, EngineSpec, display_path
 from bakery.tracked import tracked_files

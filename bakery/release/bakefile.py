@@ -38,10 +38,11 @@ from typing import Any
 
 from bakery import __version__
 from bakery.errors import InputError, cli_main
-from bakery.recipe.build_facts import CREATED_ARG, REVISION_ARG, BuildFacts
+from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.plan import BuildOptions, BuildPlan, make_plan
 from bakery.recipe.render import render, write_context
 from bakery.recipe.tags import arch, candidate_prefix
+from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG
 from bakery.spec.engine_spec import EngineSpec, load_engine
 from bakery.spec.image_ref import SHA256_DIGEST as DIGEST
 

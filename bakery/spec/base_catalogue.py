@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bakery.host.downloads import XLLAMACPP_VERSION
 from bakery.paths import BASES_DIR
 
 STANDIN_DIR = BASES_DIR / "standin"
 LLAMA_DIR = BASES_DIR / "llama-cpp"
 DEBIAN_SUITE = "bookworm"
+# The llama.cpp the llama-cpp base serves (the xllamacpp wheel, bakery.host.downloads), and its tag.
+XLLAMACPP_VERSION = "2026.10.11549"
 # The model file inside the llama-cpp base (images/llama.yaml base.local_model must name it).
 IN_IMAGE_MODEL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -32,6 +32,7 @@ _UNREPRESENTABLE = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL
 
 # The build arguments the renderer may expand in labels (bakery.recipe.build_facts.BuildFacts), and nothing else.
 BUILD_ARGS = ("BAKERY_REVISION", "BAKERY_CREATED")
+REVISION_ARG, CREATED_ARG = BUILD_ARGS  # the revision and created labels' ARG names
 
 
 class ValueRefused(ValueError):
