@@ -35,7 +35,7 @@ def install(ctx: Any) -> None:
     inner = getattr(backend, HOOK, None)
     if inner is None:
         raise GuardError(f"the SDK has no Backend.{HOOK} any more (vastai changed): update "
-                           "worker/workers/openai/release.py")
+                           "worker/workers/openai/engine_close.py")
 
     async def call_and_release(*args: Any, **kwargs: Any) -> Any:
         response = await inner(*args, **kwargs)
