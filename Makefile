@@ -30,10 +30,10 @@ lint: setup
 
 # rendered/<engine>/Dockerfile is committed (generated): regenerate after any spec or template change.
 render: setup
-	$(PY) -m bakery.rendered
+	$(PY) -m bakery.recipe.rendered
 
 render-check: setup
-	$(PY) -m bakery.rendered --check
+	$(PY) -m bakery.recipe.rendered --check
 
 bench: setup
 	$(PY) bench/run.py

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from bakery import __version__
-from bakery.checkout import BuildFacts
 from bakery.errors import BakeryError, InputError
-from bakery.image_ref import ReferenceRefused, check_reference
-from bakery.plan import BuildOptions, choose_base, make_plan
-from bakery.render import check_templates_dir, render
-from bakery.spec import EngineSpec, available_engines, load_engine
-from bakery.tags import check_repository
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, choose_base, make_plan
+from bakery.recipe.render import check_templates_dir, render
+from bakery.recipe.tags import check_repository
+from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
+from bakery.spec.image_ref import ReferenceRefused, check_reference
 
 EPILOG = """\
 examples:
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             choose_base(spec, options)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
-            from bakery.show import show
+            from bakery.recipe.show import show
 
             for spec in specs:
                 print(show(spec))
@@ -183,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         facts = BuildFacts.of_checkout()  # once: every plan's labels and tags name the same commit
         plans = [make_plan(spec, options, facts) for spec in specs]
         if args.bake_file:
-            from bakery.bakefile import write_bake_file
+            from bakery.release.bakefile import write_bake_file
 
             write_bake_file(plans, args.bake_file)
             return 0
-        from bakery.pipeline import run_pipeline
+        from bakery.build.pipeline import run_pipeline
 
         summary = run_pipeline(plans, quiet=args.quiet)
         if args.json:

@@ -41,10 +41,10 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.artifacts import pip_download
+from bakery.host.artifacts import pip_download
+from bakery.host.wheelhouse import platform_tags
 from bakery.paths import cache_path
-from bakery.spec import EngineSpec
-from bakery.wheelhouse import platform_tags
+from bakery.spec.engine_spec import EngineSpec
 from tests.image.launch import Launched, controlplane_archive, is_ready_report, serverless_env
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@
   the classic builder's output says per step whether it came from cache (`---> Using cache`): every
   step before the changed one must, and the changed one must not.
 - Render: `python build.py --all --render-only --out DIR` as a fresh process.
-- Gate: `bakery.verify.run_gate(image, engine, variant="local")` on a present image.
+- Gate: `bakery.build.verify.run_gate(image, engine, variant="local")` on a present image.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any
 import docker
 import docker.errors
 
-from bakery.builder import build_args
-from bakery.render import RenderOptions, render, write_context
-from bakery.spec import REPO_ROOT, EngineSpec, parse_spec
-from bakery.verify import run_gate
-from bakery.wheelhouse import wheelhouse
+from bakery.build.builder import build_args
+from bakery.build.verify import run_gate
+from bakery.host.wheelhouse import wheelhouse
+from bakery.recipe.render import RenderOptions, render, write_context
+from bakery.spec.engine_spec import REPO_ROOT, EngineSpec, parse_spec
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")

@@ -3,7 +3,7 @@
 
     python3 bench/fresh_bases.py        (bench/run.py --fresh-bases runs it)
 
-Runs `bakery.bases.ensure_base` for every base with an empty `$BAKERY_CACHE` (a temporary directory:
+Runs `bakery.bases.make.ensure_base` for every base with an empty `$BAKERY_CACHE` (a temporary directory:
 debootstrap downloads Debian again, the worker wheels, xllamacpp and SmolLM2 come from PyPI again;
 pip's own HTTP cache in ~/.cache/pip is not cleared, so downloads may be quicker than on a truly
 fresh machine) and under separate refs (`bakery-bench-fresh/<name>:<tag>`), so images that other
@@ -29,8 +29,8 @@ def main() -> int:
     """Make the bases into fresh refs with an empty cache; print the times; remove what was made."""
     tmp = Path(tempfile.mkdtemp(prefix="bakery-bench-fresh-cache-"))
     os.environ["BAKERY_CACHE"] = str(tmp)
-    from bakery import bases
-    from bakery.docker_engine import client
+    from bakery.bases import make as bases
+    from bakery.docker.engine import client
 
     for name, base in list(bases.BASES.items()):
         repo, _, tag = base.ref.rpartition(":")

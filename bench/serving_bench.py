@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bakery import worker_env  # noqa: E402
+from bakery.host import downloads  # noqa: E402
 from tests.worker.helpers import (  # noqa: E402
     SDK_READY,
     Proc,
@@ -168,7 +168,7 @@ def part_stream_llama(tmp: Path, runs: int, worker_python: Path, pubkey: str) ->
     reports = ReportServer(pubkey)
     try:
         engine_port, log = free_port(), tmp / "llama.log"
-        start_llama(worker_env.xllamacpp_python(), worker_env.smollm2_model_path(), engine_port, log, procs)
+        start_llama(downloads.xllamacpp_python(), downloads.smollm2_model_path(), engine_port, log, procs)
         served = start_served("llama", tmp, procs, reports, worker_python, engine_port, log, MODEL_NAME="smollm2")
         payload = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 150, "ignore_eos": True,
                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
@@ -381,10 +381,10 @@ def part_routable(runs: int, worker_python: Path) -> None:
     import docker
     from boot_bench import Boots, upstream_wheelhouse
 
-    from bakery import bases
-    from bakery.builder import build_image
-    from bakery.render import RenderOptions, render
-    from bakery.spec import load_engine
+    from bakery.bases import make as bases
+    from bakery.build.builder import build_image
+    from bakery.recipe.render import RenderOptions, render
+    from bakery.spec.engine_spec import load_engine
 
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(2048).export_key().decode())"
     key_pem = subprocess.run([str(worker_python), "-c", code], capture_output=True, check=True).stdout
@@ -434,7 +434,7 @@ def main() -> int:
         print(f"serving_bench: unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}",
               file=sys.stderr)
         return 2
-    worker_python = worker_env.host_worker_venv() / "bin" / "python"
+    worker_python = downloads.host_worker_venv() / "bin" / "python"
     import subprocess
 
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"

@@ -3,7 +3,7 @@
 
     python3 bench/worker_bench.py [--runs 5] [--engine standin|llama]
 
-Each run starts a fresh worker (worker/start_server.sh, the lean venv of bakery.worker_env, the
+Each run starts a fresh worker (worker/start_server.sh, the lean venv of bakery.host.downloads, the
 offline platform environment, a local report server) and measures:
 - start -> listening: from spawning start_server.sh to a TCP connect succeeding on WORKER_PORT;
 - load line -> ready: the engine is already serving; the load line is appended to MODEL_LOG at T0,
@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bakery import worker_env  # noqa: E402 (after the repo root is on sys.path)
+from bakery.host import downloads  # noqa: E402 (after the repo root is on sys.path)
 from tests.worker.helpers import (  # noqa: E402
     SDK_READY,
     Proc,
@@ -79,7 +79,7 @@ def one_run(workdir: Path, engine: str, python: Path, report: ReportServer) -> t
         engine_port, port = free_port(), free_port_pair()
         engine_out = workdir / "engine.out"
         if engine == "llama":
-            start_llama(worker_env.xllamacpp_python(), worker_env.smollm2_model_path(), engine_port, engine_out, procs)
+            start_llama(downloads.xllamacpp_python(), downloads.smollm2_model_path(), engine_port, engine_out, procs)
             procs[-1].wait_for("model loaded", timeout=120)
         else:
             start_standin("vllm", engine_port, engine_out, procs, model="smollm2", load_seconds=0)
@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--engine", choices=("standin", "llama"), default="standin")
     args = parser.parse_args()
-    python = worker_env.host_worker_venv() / "bin" / "python"
+    python = downloads.host_worker_venv() / "bin" / "python"
     report = ReportServer(_pubkey(python))
     listen, ready = [], []
     try:

@@ -34,7 +34,7 @@ REQUIREMENTS = HERE / "requirements.txt"
 PYTHONS = ("3.10", "3.11", "3.12")
 ARCHES = ("x86_64", "aarch64")
 # pip picks one wheel per pin from the platform tags it is given, so the hashes must cover every
-# tag set a consumer uses: manylinux2014 alone (bakery.worker_env.worker_wheelhouse(); pip also
+# tag set a consumer uses: manylinux2014 alone (bakery.host.downloads.worker_wheelhouse(); pip also
 # accepts the older manylinux1/2010 tags under it) and manylinux up to glibc 2.35 (Ubuntu 22.04,
 # the oldest production base), where a project that ships a separate newer-glibc wheel wins.
 PLATFORM_TAG_SETS = (

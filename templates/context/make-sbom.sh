@@ -3,7 +3,7 @@
 # worker's venv ($1/venv), as cyclonedx-bom's `cyclonedx-py environment` finds it, plus the bundled
 # Python ($1/python) when the image carries one. Runs after make-venv.sh, offline: the generator is
 # installed from the wheelhouse (sbom-requirements.txt, --require-hashes) into a throwaway venv that
-# is deleted before the stage's files reach the image. bakery.sbom.sbom_mismatches() checks the result.
+# is deleted before the stage's files reach the image. bakery.release.sbom.sbom_mismatches() checks the result.
 # The worker-build stage of templates/base.Dockerfile.j2 runs it right after make-venv.sh.
 set -eu
 root=$1

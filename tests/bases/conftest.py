@@ -49,7 +49,7 @@ def docker_client() -> Any:
 
 def _base(name: str) -> Callable[[Any], str]:
     def fixture(docker_client: Any) -> str:
-        from bakery.bases import ensure_base
+        from bakery.bases.make import ensure_base
 
         return ensure_base(name)
 

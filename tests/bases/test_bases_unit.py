@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import bases
+from bakery.bases import make as bases
 from bakery.errors import BuildError, InputError
 
 

@@ -105,7 +105,7 @@ def test_nopython_has_no_python_but_has_shell_and_ss(docker_client: Any, nopytho
 
 
 def test_second_call_is_cached(docker_client: Any, debian_image: str, vllm_image: str) -> None:
-    from bakery.bases import ensure_base
+    from bakery.bases.make import ensure_base
 
     before = {ref: docker_client.images.get(ref).id for ref in (debian_image, vllm_image)}
     messages: list[str] = []
@@ -119,7 +119,7 @@ def test_second_call_is_cached(docker_client: Any, debian_image: str, vllm_image
 def test_changed_inputs_rebuild_and_unchanged_reuse(docker_client: Any, debian_image: str,
                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A base whose build context changed is rebuilt; an unchanged one is reused (on a scratch ref)."""
-    from bakery import bases
+    from bakery.bases import make as bases
 
     ref = f"bakery-test/sglang-standin:rebuild-{time.time_ns()}"
     context = tmp_path / "standin"
@@ -146,7 +146,7 @@ def test_changed_inputs_rebuild_and_unchanged_reuse(docker_client: Any, debian_i
 
 
 def test_unknown_base_is_an_input_error() -> None:
-    from bakery.bases import ensure_base
+    from bakery.bases.make import ensure_base
     from bakery.errors import InputError
 
     with pytest.raises(InputError, match="unknown base 'ubuntu'"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import worker_env
+from bakery.host import downloads
 
 HERE = Path(__file__).resolve().parent
 # The SDK's check, called on a minimal backend holding the stand-in's public key: prints one
@@ -37,7 +37,7 @@ for line in sys.stdin:
 @pytest.fixture(scope="module")
 def python() -> str:
     """The worker venv's Python (what runs the stand-in inside an image)."""
-    return str(worker_env.host_worker_venv() / "bin" / "python")
+    return str(downloads.host_worker_venv() / "bin" / "python")
 
 
 def _cli(python: str, state: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -15,10 +15,10 @@ import docker
 import docker.errors
 import pytest
 
-from bakery import engine_facts
-from bakery.render import baked_env
-from bakery.spec import EngineSpec, available_engines, load_engine
-from bakery.verify import GATE_BASE_VAR
+from bakery.build.verify import GATE_BASE_VAR
+from bakery.recipe.render import baked_env
+from bakery.spec import engine_facts
+from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
 from tests.image.launch import Launched, gate_model, launch, offline_env, remove_leftovers, serverless_env
 
 # How long a worker may take from container start to ready. The stand-ins and SmolLM2 are ready in
@@ -104,9 +104,9 @@ _BUILT: dict[str, str] = {}
 def build_local_image(spec: EngineSpec) -> str:
     """Suite mode: build the engine's image on its local base (Docker's layer cache makes repeats cheap)."""
     if spec.name not in _BUILT:
-        from bakery import bases
-        from bakery.builder import build_image
-        from bakery.render import RenderOptions, render
+        from bakery.bases import make as bases
+        from bakery.build.builder import build_image
+        from bakery.recipe.render import RenderOptions, render
 
         bases.ensure_base("debian")
         base = bases.ensure_base(spec.base.local)

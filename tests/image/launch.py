@@ -26,9 +26,9 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.engine_facts import facts
-from bakery.spec import EngineSpec
-from bakery.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+from bakery.build.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+from bakery.spec.engine_facts import facts
+from bakery.spec.engine_spec import EngineSpec
 
 CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
 # Where the stand-in lives inside the container under test (put there before the container starts).

@@ -37,7 +37,7 @@ def verified_pushes(summary: dict[str, Any]) -> dict[str, str]:
 
 def record_pushes(directory: Path) -> dict[str, str]:
     """{pushed_ref@digest: image id} from bakery.release's verified records (*.json) in `directory`."""
-    from bakery.release import VerifiedRecord
+    from bakery.release.ci import VerifiedRecord
 
     records = [VerifiedRecord.read(path) for path in sorted(Path(directory).glob("*.json"))]
     return {f"{r.pushed_ref}@{r.digest}": r.image_id for r in records if r.pushed_ref and r.digest}

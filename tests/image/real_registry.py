@@ -32,7 +32,7 @@ import docker.errors
 import pytest
 import yaml
 
-from bakery.verify import GateResult, run_gate
+from bakery.build.verify import GateResult, run_gate
 
 START_TIMEOUT = 20.0  # seconds until a started registry must answer /v2/; it takes ~0.1 s here
 
@@ -196,7 +196,7 @@ _GATE_RESULTS: dict[tuple[str, str, str], GateResult] = {}
 
 
 def gate_once(image_id: str, engine: str, *, variant: str = "local", **kwargs: Any) -> GateResult:
-    """The real gate (bakery.verify.run_gate), run once per (image id, engine, level) in a session.
+    """The real gate (bakery.build.verify.run_gate), run once per (image id, engine, level) in a session.
 
     A gate result is a property of the image id: the publishing tests rebuild one image (Docker's
     cache gives the same id) and push it to several registries, so only the first run pays.
@@ -261,7 +261,7 @@ def push_as(client: Any, image_id: str, ref: str) -> str:
 
 
 def own_context_dir(label: str = "") -> Callable[[str], Path]:
-    """bakery.builder.context_dir for these tests: other builds on this machine lay out
+    """bakery.build.builder.context_dir for these tests: other builds on this machine lay out
     cache/contexts/<engine>, and a planted build must not rewrite the good build's context."""
     from bakery.paths import cache_path
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from bakery import bases
-from bakery.bakefile import engine_of, load_bake_file, write_bake_file
-from bakery.checkout import BuildFacts
-from bakery.docker_build import build
-from bakery.plan import BuildOptions, host_platform, make_plan
-from bakery.release import VerifiedRecord, verify_target
-from bakery.spec import available_engines, load_engine
-from bakery.verify import run_gate
+from bakery.bases import make as bases
+from bakery.build.verify import run_gate
+from bakery.docker.build import build
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, host_platform, make_plan
+from bakery.release.bakefile import engine_of, load_bake_file, write_bake_file
+from bakery.release.ci import VerifiedRecord, verify_target
+from bakery.spec.engine_spec import available_engines, load_engine
 
 REPOSITORY = "bakery-test-bake"  # tags of this test only, removed afterwards
 ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm").split()

@@ -13,8 +13,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from bakery.bakefile import BASE_DIGEST_LABEL, main
-from bakery.docker_engine import registry_digest
+from bakery.docker.engine import registry_digest
+from bakery.release.bakefile import BASE_DIGEST_LABEL, main
 from tests.image.real_registry import running_registry, skopeo_raw
 
 

@@ -13,12 +13,12 @@ import tarfile
 import docker.errors
 import pytest
 
-from bakery import bases
-from bakery.builder import build_args, context_dir
-from bakery.docker_build import build
-from bakery.render import RenderOptions, context_files, render, write_context
-from bakery.spec import REPO_ROOT, load_engine
-from bakery.wheelhouse import wheelhouse
+from bakery.bases import make as bases
+from bakery.build.builder import build_args, context_dir
+from bakery.docker.build import build
+from bakery.host.wheelhouse import wheelhouse
+from bakery.recipe.render import RenderOptions, context_files, render, write_context
+from bakery.spec.engine_spec import REPO_ROOT, load_engine
 
 FAKE_SECRET = b"HF_TOKEN=hf_FakeTokenPlantedInTheWorkerDir42"
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bakery.secrets import secret_reason
+from bakery.spec.secrets import secret_reason
 from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest, SideLaunches
 from tests.image.launch import BENCHMARK_FILE, WORKER_PYTHON, Launched, is_ready_report, serverless_env
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bakery import engine_facts
-from bakery.sbom import INSTALLED_PROBE, SBOM_PATH, sbom_mismatches
+from bakery.release.sbom import INSTALLED_PROBE, SBOM_PATH, sbom_mismatches
+from bakery.spec import engine_facts
 from tests.image.conftest import READY_TIMEOUT, ImageUnderTest, SideLaunches
 from tests.image.launch import WORKER_PYTHON, Launched, is_ready_report
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bakery.engine_facts import facts
+from bakery.spec.engine_facts import facts
 from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, SideLaunches
 from tests.image.launch import (
     CLIENT,

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from bakery import bases
-from bakery.builder import build_image
-from bakery.render import RenderOptions, render
-from bakery.spec import load_engine
+from bakery.bases import make as bases
+from bakery.build.builder import build_image
+from bakery.recipe.render import RenderOptions, render
+from bakery.spec.engine_spec import load_engine
 
 BARE_TAG = "bakery-test/bare:latest"
 # Like llama.cpp's official server image: no Python, and neither ss nor netstat.

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.spec import REPO_ROOT
-from bakery.verify import run_gate
+from bakery.build.verify import run_gate
+from bakery.spec.engine_spec import REPO_ROOT
 from tests.image.launch import launch, serverless_env
 
 SPEC = {
@@ -76,7 +76,7 @@ def test_a_fifth_engine_from_outside_the_repository_passes_the_gate(tmp_path: Pa
     assert gate.passed, f"failed: {gate.failed}\n{gate.output[-4000:]}"
     assert gate.ran >= 10, gate.output[-2000:]
 
-    from bakery.spec import load_spec_file
+    from bakery.spec.engine_spec import load_spec_file
 
     spec = load_spec_file(tmp_path / "images" / "echo.yaml")
     launched = launch(docker_client, image_id, serverless_env(spec), "echo-banner")

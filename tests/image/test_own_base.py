@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bakery import bases
-from bakery.base_catalogue import BASES
-from bakery.spec import REPO_ROOT
+from bakery.bases import make as bases
+from bakery.spec.base_catalogue import BASES
+from bakery.spec.engine_spec import REPO_ROOT
 
 TEAM_BASE = "vllm-standin"
 TEAM_MODEL = "standin/tiny-chat"  # the model the stand-in base serves

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bakery import bases
-from bakery.builder import build_args, context_dir
-from bakery.docker_build import build
-from bakery.render import RenderOptions, render, write_context
-from bakery.spec import REPO_ROOT, load_engine
-from bakery.verify import run_gate
-from bakery.wheelhouse import wheelhouse
+from bakery.bases import make as bases
+from bakery.build.builder import build_args, context_dir
+from bakery.build.verify import run_gate
+from bakery.docker.build import build
+from bakery.host.wheelhouse import wheelhouse
+from bakery.recipe.render import RenderOptions, render, write_context
+from bakery.spec.engine_spec import REPO_ROOT, load_engine
 from tests.image.conftest import LEFTOVER_NOTE, SUITE_TAG
 from tests.image.launch import RUN_ID_VAR, leftover_containers
 

@@ -1,4 +1,4 @@
-"""The provenance read-back (bakery.provenance.read_back) on what a real registry serves.
+"""The provenance read-back (bakery.release.provenance.read_back) on what a real registry serves.
 
 buildx is not on this machine, so its push is laid out by hand, as BuildKit's attestation-storage
 document describes it: the image itself arrives by `docker push` of a real bakery image (the vLLM
@@ -21,9 +21,9 @@ import pytest
 import requests
 
 from bakery.errors import VerificationError
-from bakery.plan import host_platform
-from bakery.provenance import read_back
-from bakery.spec import load_engine
+from bakery.recipe.plan import host_platform
+from bakery.release.provenance import read_back
+from bakery.spec.engine_spec import load_engine
 from tests.image.conftest import build_local_image
 from tests.image.real_registry import (
     RunningRegistry,

@@ -19,11 +19,11 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-import bakery.builder
-import bakery.pipeline as pipeline
+import bakery.build.builder
+import bakery.build.pipeline as pipeline
+from bakery.build.publish import push_verified, tag_verified
 from bakery.cli import main
 from bakery.errors import VerificationError
-from bakery.publish import push_verified, tag_verified
 from tests.image.readback import main as readback_main
 from tests.image.real_registry import (
     RunningRegistry,
@@ -44,7 +44,7 @@ ENGINE = "vllm"
 
 @pytest.fixture(autouse=True)
 def own_context_and_gate(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bakery.builder, "context_dir", own_context_dir())
+    monkeypatch.setattr(bakery.build.builder, "context_dir", own_context_dir())
     monkeypatch.setattr(pipeline, "run_gate", gate_once)
 
 
@@ -68,7 +68,7 @@ def published(registry: RunningRegistry, docker_client) -> Iterator[dict]:
     """build.py --push to the module's registry, once: its JSON summary item and its stderr."""
     repository = f"{registry.host}/acme"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bakery.builder, "context_dir", own_context_dir())
+        mp.setattr(bakery.build.builder, "context_dir", own_context_dir())
         mp.setattr(pipeline, "run_gate", gate_once)
         code, summary, err = build_py("--push", "--repository", repository)
     assert code == 0, err[-3000:]
@@ -108,7 +108,7 @@ def test_a_failed_gate_leaves_no_release_tag_and_never_pushes(registry: RunningR
         return dataclasses.replace(rendered, dockerfile=planted)
 
     monkeypatch.setattr(pipeline, "render", render_without_expose)
-    monkeypatch.setattr(bakery.builder, "context_dir", own_context_dir("-planted"))
+    monkeypatch.setattr(bakery.build.builder, "context_dir", own_context_dir("-planted"))
     repository = f"{registry.host}/gatefail"
     code, summary, err = build_py("--push", "--repository", repository)
     item = summary["engines"][0]

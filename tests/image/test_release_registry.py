@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-import bakery.builder
-import bakery.release as release
-from bakery.bakefile import load_bake_file, target_of, write_bake_file
-from bakery.checkout import BuildFacts
-from bakery.pipeline import run_engine
-from bakery.plan import BuildOptions, host_platform, make_plan
-from bakery.release import VerifiedRecord, plan_manifests, verify_target
-from bakery.spec import load_engine
+import bakery.build.builder
+import bakery.release.ci as release
+from bakery.build.pipeline import run_engine
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, host_platform, make_plan
+from bakery.release.bakefile import load_bake_file, target_of, write_bake_file
+from bakery.release.ci import VerifiedRecord, plan_manifests, verify_target
+from bakery.spec.engine_spec import load_engine
 from tests.image.readback import main as readback_main
 from tests.image.real_registry import (
     RunningRegistry,
@@ -62,7 +62,7 @@ def verified(registry: RunningRegistry, docker_client, tmp_path_factory: pytest.
     work = tmp_path_factory.mktemp("release")
     with pytest.MonkeyPatch.context() as mp:
         # The image as build.py makes it (Docker's cache: the same id build.py --local verifies).
-        mp.setattr(bakery.builder, "context_dir", own_context_dir())
+        mp.setattr(bakery.build.builder, "context_dir", own_context_dir())
         plan = make_plan(spec, BuildOptions(local=True, verify=False), BuildFacts.of_checkout())
         built = run_engine(plan, quiet=True)
 

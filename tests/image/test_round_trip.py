@@ -8,11 +8,11 @@ import json
 import pytest
 import yaml
 
-from bakery import bases
-from bakery.builder import build_image
+from bakery.bases import make as bases
+from bakery.build.builder import build_image
 from bakery.errors import InputError
-from bakery.render import RenderOptions, baked_env, render
-from bakery.spec import IMAGES_DIR, parse_spec
+from bakery.recipe.render import RenderOptions, baked_env, render
+from bakery.spec.engine_spec import IMAGES_DIR, parse_spec
 
 HOSTILE_SCALARS = {
     "X_QUOTES": """it's "double" and 'single'""",

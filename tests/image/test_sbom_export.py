@@ -20,10 +20,10 @@ import docker
 import docker.errors
 import pytest
 
-import bakery.release as release
-from bakery.release import VerifiedRecord
-from bakery.sbom import INSTALLED_PROBE, SBOM_PATH, sbom_mismatches
-from bakery.spec import load_engine
+import bakery.release.ci as release
+from bakery.release.ci import VerifiedRecord
+from bakery.release.sbom import INSTALLED_PROBE, SBOM_PATH, sbom_mismatches
+from bakery.spec.engine_spec import load_engine
 from tests.image.conftest import build_local_image
 from tests.image.launch import WORKER_PYTHON
 from tests.image.real_registry import planted_images

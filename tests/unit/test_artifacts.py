@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bakery import artifacts, wheelhouse, worker_env
 from bakery.errors import BuildError
-from bakery.spec import REPO_ROOT
+from bakery.host import artifacts, downloads, wheelhouse
+from bakery.spec.engine_spec import REPO_ROOT
 
 
 def test_every_downloaded_requirement_has_a_pin() -> None:
-    wanted = [*wheelhouse.BUILD_TOOLS, f"xllamacpp=={worker_env.XLLAMACPP_VERSION}", worker_env.SMOLLM2_DIST]
+    wanted = [*wheelhouse.BUILD_TOOLS, f"xllamacpp=={downloads.XLLAMACPP_VERSION}", downloads.SMOLLM2_DIST]
     for requirement in wanted:
         pins = artifacts.PINNED.get(requirement)
         assert pins, f"{requirement} has no pin"
@@ -31,7 +31,7 @@ def _pip_download_calls(tree: ast.AST) -> list[ast.Call]:
 def test_no_pip_download_in_bakery_goes_without_hashes() -> None:
     """A structural guard: each pip download lists --require-hashes (pinned_download's own included)."""
     calls = 0
-    for path in sorted((REPO_ROOT / "bakery").glob("*.py")):
+    for path in sorted((REPO_ROOT / "bakery").rglob("*.py")):
         for call in _pip_download_calls(ast.parse(path.read_text())):
             calls += 1
             args = call.args[0]
@@ -52,7 +52,8 @@ def test_verify_pinned_refuses_a_changed_file_in_one_line(tmp_path: Path, monkey
     monkeypatch.setitem(artifacts.PINNED, "demo==1.0", (artifacts.sha256_file(wheel),))
     assert artifacts.verify_pinned(wheel, "demo==1.0") == wheel
     wheel.write_bytes(b"the pinned content, changed")
-    with pytest.raises(BuildError, match=r"is not a pinned hash of demo==1\.0 \(bakery/artifacts\.py PINNED\)") as err:
+    pinned_here = r"is not a pinned hash of demo==1\.0 \(bakery/host/artifacts\.py PINNED\)"
+    with pytest.raises(BuildError, match=pinned_here) as err:
         artifacts.verify_pinned(wheel, "demo==1.0")
     assert len(str(err.value).splitlines()) == 1
 
@@ -89,4 +90,4 @@ def test_a_changed_model_file_is_refused(tmp_path: Path) -> None:
     model = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     model.write_bytes(b"GGUF but not the pinned one")
     with pytest.raises(BuildError, match="is not the pinned SmolLM2 model"):
-        worker_env._verify_model(model)
+        downloads._verify_model(model)

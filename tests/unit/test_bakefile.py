@@ -1,4 +1,4 @@
-"""The bake file (bakery/bakefile.py): every engine's targets, contexts, tags, labels, args, platforms.
+"""The bake file (bakery/release/bakefile.py): every engine's targets, contexts, tags, labels, args, platforms.
 
 No Docker here: the wheelhouse is a stand-in directory. tests/image/test_bakefile.py builds a target
 exactly as the file defines it and runs the gate on the result.
@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from bakery import __version__
-from bakery.bakefile import (
+from bakery.bases.make import BASES
+from bakery.errors import InputError
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, host_platform, make_plan
+from bakery.recipe.render import DEFAULT_RUNTIME_IMAGE
+from bakery.recipe.tags import is_release_tag
+from bakery.release.bakefile import (
     BASE_DIGEST_LABEL,
     ci_override,
     engine_of,
@@ -24,13 +30,7 @@ from bakery.bakefile import (
     registry_bases,
     write_bake_file,
 )
-from bakery.bases import BASES
-from bakery.checkout import BuildFacts
-from bakery.errors import InputError
-from bakery.plan import BuildOptions, host_platform, make_plan
-from bakery.render import DEFAULT_RUNTIME_IMAGE
-from bakery.spec import available_engines, load_engine
-from bakery.tags import is_release_tag
+from bakery.spec.engine_spec import available_engines, load_engine
 
 ARGS = {"BAKERY_REVISION": "abc1234def5678900000000000000000000000000", "BAKERY_CREATED": "2026-01-02T03:04:05Z"}
 FACTS = BuildFacts(revision=ARGS["BAKERY_REVISION"], created=ARGS["BAKERY_CREATED"])
@@ -223,10 +223,10 @@ def test_ci_command_writes_the_override(tmp_path: Path, fake_wheelhouse) -> None
 
 
 def test_build_py_bake_file_option(tmp_path: Path, fake_wheelhouse, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    import bakery.wheelhouse
+    import bakery.host.wheelhouse
     from bakery.cli import main as build_py
 
-    monkeypatch.setattr(bakery.wheelhouse, "wheelhouse", fake_wheelhouse)
+    monkeypatch.setattr(bakery.host.wheelhouse, "wheelhouse", fake_wheelhouse)
     path = tmp_path / "out" / "docker-bake.json"
     assert build_py(["--engine", "vllm", "--engine", "llama", "--bake-file", str(path),
                      "--repository", "ghcr.io/acme"]) == 0

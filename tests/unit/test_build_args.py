@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from bakery.builder import build_args
-from bakery.checkout import source_date
+from bakery.build.builder import build_args
 from bakery.errors import InputError
-from bakery.spec import REPO_ROOT
+from bakery.recipe.build_facts import source_date
+from bakery.spec.engine_spec import REPO_ROOT
 
 
 def test_created_is_the_commit_time_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bakery import render as render_mod
 from bakery.errors import InputError
-from bakery.render import context_files, render, write_context
-from bakery.spec import REPO_ROOT, load_engine
+from bakery.recipe import render as render_mod
+from bakery.recipe.render import context_files, render, write_context
+from bakery.spec.engine_spec import REPO_ROOT, load_engine
 from bakery.tracked import tracked_files
 
 FAKE_SECRET = "HF_TOKEN=hf_" + "FakeTokenForTheContextTest0123"

@@ -1,4 +1,4 @@
-"""python -m bakery.bump against recorded release feeds (tests/unit/fixtures/bump/) served on loopback:
+"""python -m bakery.upkeep.bump against recorded release feeds (tests/unit/fixtures/bump/) served on loopback:
 nothing newer leaves a spec byte for byte; a newer release is an exact, minimal textual edit; pre-, dev
 and yanked releases are ignored; a malformed feed is one line and exit 2.
 
@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from bakery import bump, release_feeds
 from bakery.errors import InputError
-from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine, load_spec_file
+from bakery.spec.engine_spec import IMAGES_DIR, REPO_ROOT, load_engine, load_spec_file
+from bakery.upkeep import bump
+from bakery.upkeep import feeds as upstream_feeds
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bump"
 PYPI_VLLM = json.loads((FIXTURES / "pypi-vllm.json").read_text())
@@ -92,7 +93,7 @@ class Feeds:
         self.thread.start()
 
     def env(self) -> dict[str, str]:
-        return {release_feeds.PYPI_URL_VAR: f"{self.url}/pypi", release_feeds.REGISTRY_URL_VAR: self.url}
+        return {upstream_feeds.PYPI_URL_VAR: f"{self.url}/pypi", upstream_feeds.REGISTRY_URL_VAR: self.url}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -120,7 +121,8 @@ def pinned_copy(tmp_path: Path, engine: str, version: str) -> Path:
 
 
 def run(images: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bakery.bump", "--images-dir", str(images), *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "bakery.upkeep.bump", "--images-dir", str(images), *args],
+                          cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120, check=False,
                           env={"PATH": "/usr/bin:/bin", **env})
 
@@ -176,7 +178,7 @@ def test_pre_dev_and_yanked_releases_are_ignored(tmp_path: Path, feeds: Feeds) -
     assert (images / "vllm.yaml").read_bytes() == before
     # a post release is a release
     feed["releases"]["0.33.0.post1"] = [wheel]
-    assert release_feeds.newest_pypi_release(feed, "PyPI vllm") == "0.33.0.post1"
+    assert upstream_feeds.newest_pypi_release(feed, "PyPI vllm") == "0.33.0.post1"
 
 
 @pytest.mark.parametrize("body, message", [
@@ -192,15 +194,15 @@ def test_a_malformed_feed_is_one_line_and_exit_2(tmp_path: Path, feeds: Feeds, b
     before = (images / "vllm.yaml").read_bytes()
     proc = run(images, "--all", env=feeds.env())
     assert proc.returncode == 2
-    assert proc.stderr == f"bakery.bump: PyPI vllm: {message.format(url=feeds.url)}\n"
+    assert proc.stderr == f"bakery.upkeep.bump: PyPI vllm: {message.format(url=feeds.url)}\n"
     assert (images / "vllm.yaml").read_bytes() == before, "a failed run writes no spec"
 
 
 def test_an_unreachable_feed_is_one_line_and_exit_2(tmp_path: Path, feeds: Feeds) -> None:
     images = pinned_copy(tmp_path, "vllm", "v0.32.0")
-    proc = run(images, "--engine", "vllm", env={**feeds.env(), release_feeds.PYPI_URL_VAR: f"{feeds.url}/nowhere"})
+    proc = run(images, "--engine", "vllm", env={**feeds.env(), upstream_feeds.PYPI_URL_VAR: f"{feeds.url}/nowhere"})
     assert (proc.returncode, proc.stderr) == (
-        2, f"bakery.bump: PyPI vllm: {feeds.url}/nowhere/vllm/json answered HTTP 404 Not Found\n")
+        2, f"bakery.upkeep.bump: PyPI vllm: {feeds.url}/nowhere/vllm/json answered HTTP 404 Not Found\n")
 
 
 def test_llama_follows_the_registry_tags_through_token_and_pages(tmp_path: Path, feeds: Feeds) -> None:
@@ -215,17 +217,17 @@ def test_llama_follows_the_registry_tags_through_token_and_pages(tmp_path: Path,
         ("version: b11400", "version: b11515"),
         ("  image: ghcr.io/ggml-org/llama.cpp:server-b11400", "  image: ghcr.io/ggml-org/llama.cpp:server-b11515")]
     tag_requests = [r for r in feeds.requests if r.startswith("/v2/")]
-    assert tag_requests[0] == f"/v2/ggml-org/llama.cpp/tags/list?n={release_feeds.PAGE_SIZE}&last=server-b"
+    assert tag_requests[0] == f"/v2/ggml-org/llama.cpp/tags/list?n={upstream_feeds.PAGE_SIZE}&last=server-b"
     assert len(tag_requests) >= 3, "the token retry and at least one Link page were followed"
     assert "/token?service=test-registry&scope=repository%3Aggml-org%2Fllama.cpp%3Apull" in feeds.requests
 
 
 def test_paging_is_bounded(feeds: Feeds, monkeypatch: pytest.MonkeyPatch) -> None:
     feeds.tags = [f"server-a{i:04d}" for i in range(100)]  # all before the prefix: no page ends the search
-    monkeypatch.setattr(release_feeds, "MAX_PAGES", 3)
-    monkeypatch.setattr(release_feeds, "PAGE_SIZE", 1)
+    monkeypatch.setattr(upstream_feeds, "MAX_PAGES", 3)
+    monkeypatch.setattr(upstream_feeds, "PAGE_SIZE", 1)
     with pytest.raises(InputError, match="more than 3 pages of tags; refusing to page on"):
-        release_feeds.registry_tags("ghcr.io/ggml-org/llama.cpp", "server-a{release}", "feed")
+        upstream_feeds.registry_tags("ghcr.io/ggml-org/llama.cpp", "server-a{release}", "feed")
 
 
 def test_a_pinned_digest_is_dropped_and_upstream_tag_follows() -> None:
@@ -279,6 +281,6 @@ def test_the_real_specs_follow_a_feed_and_read_back() -> None:
 
 
 def test_no_engine_is_bad_input() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bakery.bump"], cwd=REPO_ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "bakery.upkeep.bump"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
-    assert (proc.returncode, proc.stderr) == (2, "bakery.bump: no engine chosen: pass --engine NAME or --all\n")
+    assert (proc.returncode, proc.stderr) == (2, "bakery.upkeep.bump: no engine chosen: pass --engine NAME or --all\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery.spec import IMAGES_DIR, REPO_ROOT, load_engine
+from bakery.spec.engine_spec import IMAGES_DIR, REPO_ROOT, load_engine
 
 # The llama spec's pinned lines, read from the spec so a version bump keeps the mutations applicable.
 LLAMA = load_engine("llama")

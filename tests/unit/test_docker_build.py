@@ -1,4 +1,4 @@
-"""bakery.docker_build.read_build_stream: the one reader of the engine's build output (builder and bases).
+"""bakery.docker.build.read_build_stream: the one reader of the engine's build output (builder and bases).
 
 The chunks are the shapes Docker 20.10's classic builder sends through the SDK (`decode=True`):
 `stream` lines, an `aux` record with the image id, an `error` record (with `errorDetail`) on failure.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bakery.docker_build import read_build_stream
+from bakery.docker.build import read_build_stream
 from bakery.errors import BuildError
 
 IMAGE = "sha256:" + "c" * 64

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bakery import dockerfile_values as dv
-from bakery.secrets import secret_value_reason
+from bakery.spec import dockerfile_values as dv
+from bakery.spec.secrets import secret_value_reason
 
 # Any text but the three characters no Dockerfile line can carry, and no lone surrogates (and none of
 # the credential shapes quote() refuses: tests/unit/test_secrets.py covers those).

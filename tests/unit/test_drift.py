@@ -1,4 +1,4 @@
-"""bakery.drift against small local source fixtures (tests/unit/fixtures/drift/): every baked load and
+"""bakery.upkeep.drift against small local source fixtures (tests/unit/fixtures/drift/): every baked load and
 error line is found, declared, or the check fails naming the spec, the variable and the line."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery import drift
-from bakery.spec import IMAGES_DIR, REPO_ROOT, available_engines, load_engine, load_spec_file
+from bakery.spec.engine_spec import IMAGES_DIR, REPO_ROOT, available_engines, load_engine, load_spec_file
+from bakery.upkeep import drift
 
 FIXTURES = Path(__file__).parent / "fixtures" / "drift"
-# The pinned versions, read from the specs: a version bump (python -m bakery.bump) keeps these tests true.
+# The pinned versions, read from the specs: a version bump (python -m bakery.upkeep.bump) keeps these tests true.
 LLAMA_TAG = load_engine("llama").version
 VLLM_TAG = load_engine("vllm").version
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bakery.drift", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bakery.upkeep.drift", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120, check=False, env=env)
 
 
@@ -67,7 +67,7 @@ def test_a_line_gone_upstream_fails_by_name(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "MISSING   'model is ready to serve'  (MODEL_LOAD_LOG_MSG, literal)" in proc.stdout
     assert proc.stderr.strip() == (
-        f"bakery.drift: {images}/llama.yaml: MODEL_LOAD_LOG_MSG: 'model is ready to serve' no longer occurs in "
+        f"bakery.upkeep.drift: {images}/llama.yaml: MODEL_LOAD_LOG_MSG: 'model is ready to serve' no longer occurs in "
         f"ggml-org/llama.cpp@{LLAMA_TAG} (literally); fix the line, or declare where it comes from in upstream.lines")
 
 
@@ -106,7 +106,7 @@ def test_a_declared_file_is_the_only_place_the_line_counts(tmp_path: Path) -> No
     assert proc.returncode == 1
     assert "MISSING   'model loaded'  (MODEL_LOAD_LOG_MSG, literal)" in proc.stdout
     assert proc.stderr.strip() == (
-        f"bakery.drift: images/llama.yaml: MODEL_LOAD_LOG_MSG: 'model loaded' no longer occurs in "
+        f"bakery.upkeep.drift: images/llama.yaml: MODEL_LOAD_LOG_MSG: 'model loaded' no longer occurs in "
         f"ggml-org/llama.cpp@{LLAMA_TAG} (literally in tools/server/server.cpp); fix the line, or declare where it "
         "comes from in upstream.lines")
 
@@ -130,7 +130,7 @@ def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
     # A local repository stands for GitHub: only the tag the spec pins has the lines.
     git = shutil.which("git")
     if git is None:
-        pytest.fail("git is needed for bakery.drift --fetch")
+        pytest.fail("git is needed for bakery.upkeep.drift --fetch")
     origin = tmp_path / "github" / "ggml-org" / "llama.cpp"
     shutil.copytree(FIXTURES / "llama", origin)
 
@@ -156,11 +156,12 @@ def test_fetch_clones_the_pinned_tag(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--engine", "llama", "--source-dir", "/no/such/dir"),
-     f"bakery.drift: --source-dir /no/such/dir: not a directory (a checkout of ggml-org/llama.cpp at {LLAMA_TAG})"),
-    (("--all", "--source-dir", "/tmp"), "bakery.drift: --source-dir is one engine's checkout: choose exactly one "
-                                        "--engine"),
+     "bakery.upkeep.drift: --source-dir /no/such/dir: not a directory "
+     f"(a checkout of ggml-org/llama.cpp at {LLAMA_TAG})"),
+    (("--all", "--source-dir", "/tmp"), "bakery.upkeep.drift: --source-dir is one engine's checkout: choose exactly "
+                                        "one --engine"),
     (("--engine", "tgi", "--source-dir", "/tmp"),
-     f"bakery.drift: unknown engine 'tgi': choose one of {', '.join(available_engines())} (files in images/)"),
+     f"bakery.upkeep.drift: unknown engine 'tgi': choose one of {', '.join(available_engines())} (files in images/)"),
 ])
 def test_bad_input_is_one_line(args: tuple[str, ...], message: str) -> None:
     proc = run(*args)

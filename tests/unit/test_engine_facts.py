@@ -1,4 +1,4 @@
-"""bakery.engine_facts: each fact derived from the specs, including for an engine the repo does not have."""
+"""bakery.spec.engine_facts: each fact derived from the specs, including for an engine the repo does not have."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery import engine_facts
 from bakery.errors import InputError
-from bakery.spec import IMAGES_DIR, available_engines
+from bakery.spec import engine_facts
+from bakery.spec.engine_spec import IMAGES_DIR, available_engines
 
 
 def test_facts_of_the_repository_engines() -> None:
@@ -56,8 +56,8 @@ def test_unknown_engine_names_the_fix() -> None:
 def test_a_base_whose_model_is_not_known_launches_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
     # A team's own base (--base-image) serves the model --base-model names, or none known: the gate
     # then sets no model variable (never the local base's model, which that base does not have).
-    from bakery.spec import load_engine
-    from bakery.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+    from bakery.build.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+    from bakery.spec.engine_spec import load_engine
     from tests.image.launch import gate_model, serverless_env
 
     vllm = load_engine("vllm")

@@ -1,6 +1,6 @@
 """One test for every place that still states an engine fact outside `images/<engine>.yaml`.
 
-The specs are the source (bakery.engine_facts); each check below names the file, the fact and both
+The specs are the source (bakery.spec.engine_facts); each check below names the file, the fact and both
 values when they drift apart, so a fifth engine, or a changed spec, shows exactly what else to touch.
 Replaces tests/unit/test_bake_agrees_with_worker.py's per-adapter check with one for every engine.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bakery import engine_facts
-from bakery.engine_facts import EngineFacts, all_facts, backend_aliases, model_id_vars
-from bakery.spec import EXIT_LINE, REPO_ROOT, available_engines, load_engine
+from bakery.spec import engine_facts
+from bakery.spec.engine_facts import EngineFacts, all_facts, backend_aliases, model_id_vars
+from bakery.spec.engine_spec import EXIT_LINE, REPO_ROOT, available_engines, load_engine
 
 WORKER_DIR = REPO_ROOT / "worker"
 sys.path.insert(0, str(WORKER_DIR))
@@ -132,13 +132,14 @@ def test_entry_point_aliases_are_the_specs() -> None:
 def test_exit_line_is_the_one_the_entry_point_writes() -> None:
     watch = (WORKER_DIR / "boot" / "watch.py").read_text(encoding="utf-8")
     prefix = EXIT_LINE.split("{", 1)[0]
-    assert f'f"{prefix}{{name}}' in watch, \
-        f"worker/boot/watch.py no longer writes {EXIT_LINE!r}: bakery.spec.EXIT_LINE and every spec must follow"
+    assert f'f"{prefix}{{name}}' in watch, (
+        f"worker/boot/watch.py no longer writes {EXIT_LINE!r}: bakery.spec.engine_spec.EXIT_LINE and every spec "
+        "must follow")
 
 
 @pytest.mark.parametrize("engine", [e for e in available_engines() if FACTS[e].local_base])
 def test_gate_launches_the_local_base_with_the_spec_model(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bakery.verify import GATE_BASE_VAR
+    from bakery.build.verify import GATE_BASE_VAR
     from tests.image.launch import gate_model
 
     facts: EngineFacts = FACTS[engine]
@@ -150,13 +151,13 @@ def test_gate_launches_the_local_base_with_the_spec_model(engine: str, monkeypat
             f"tests/image/launch.py serves {served!r} on {engine}'s local base; " \
             f"images/{engine}.yaml: base.local_model is {facts.local_model!r}"
     assert facts.launch_env(gate_model(load_engine(engine))) == {facts.model_var: facts.local_model}
-    from bakery.base_catalogue import BASES
+    from bakery.spec.base_catalogue import BASES
 
     assert facts.local_base in BASES, f"images/{engine}.yaml: base.local {facts.local_base!r} is not in the catalogue"
     serves = BASES[facts.local_base].serves
     if serves is not None:  # a base with a model file of its own: the spec must launch that one
         assert facts.local_model == serves, \
-            f"bakery/base_catalogue.py: {facts.local_base} serves {serves!r}; " \
+            f"bakery/spec/base_catalogue.py: {facts.local_base} serves {serves!r}; " \
             f"images/{engine}.yaml: base.local_model is {facts.local_model!r}"
     assert facts.fail_load_env, f"images/{engine}.yaml: base.local_fail_load gives no launch change"
 
@@ -178,7 +179,8 @@ def test_no_engine_name_in_engine_agnostic_code() -> None:
             rel = str(path.relative_to(REPO_ROOT))
             found |= {(rel, name) for name in _engine_names_in(path, names)}
     new = {f"{path}: {name!r}" for path, name in found - set(PENDING)}
-    assert not new, f"engine names written in engine-agnostic code (read them from bakery.engine_facts): {sorted(new)}"
+    assert not new, ("engine names written in engine-agnostic code (read them from bakery.spec.engine_facts): "
+                     f"{sorted(new)}")
     gone = {f"{path}: {name!r}" for path, name in set(PENDING) - found}
     assert not gone, f"gone from the code, so drop their PENDING entries in {Path(__file__).name}: {sorted(gone)}"
 

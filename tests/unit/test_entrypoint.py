@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bakery.spec import REPO_ROOT
+from bakery.spec.engine_spec import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("entrypoint", REPO_ROOT / "worker" / "boot" / "entrypoint.py")
 entrypoint = importlib.util.module_from_spec(spec)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bakery.render import baked_env
-from bakery.spec import REPO_ROOT, load_engine
+from bakery.recipe.render import baked_env
+from bakery.spec.engine_spec import REPO_ROOT, load_engine
 
 WORKER_DIR = REPO_ROOT / "worker"
 sys.path.insert(0, str(WORKER_DIR))

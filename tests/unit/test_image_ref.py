@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bakery.bases import BASES
-from bakery.image_ref import ReferenceRefused, check_reference
-from bakery.render import DEFAULT_RUNTIME_IMAGE
-from bakery.spec import available_engines, load_engine
+from bakery.bases.make import BASES
+from bakery.recipe.render import DEFAULT_RUNTIME_IMAGE
+from bakery.spec.engine_spec import available_engines, load_engine
+from bakery.spec.image_ref import ReferenceRefused, check_reference
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from bakery.rendered import REGENERATE
-from bakery.spec import REPO_ROOT
+from bakery.recipe.rendered import REGENERATE
+from bakery.spec.engine_spec import REPO_ROOT
 
 ZETA = {
     "name": "zeta",

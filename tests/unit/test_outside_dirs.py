@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery import verify
-from bakery.spec import IMAGES_DIR, IMAGES_DIR_VAR, REPO_ROOT, load_engine
+from bakery.build import verify
+from bakery.spec.engine_spec import IMAGES_DIR, IMAGES_DIR_VAR, REPO_ROOT, load_engine
 from tests.unit.dockerfile_model import env_of, instructions
 
 

@@ -107,7 +107,7 @@ def test_every_cache_kind_is_used_and_every_use_is_a_kind() -> None:
 
 def test_the_checks_can_fail() -> None:
     # A module of bakery/ (one level below the root) and of tests/unit/ (two levels below).
-    assert _computes_root("bakery/spec.py", "ROOT = Path(__file__).resolve().parent.parent\n")
+    assert _computes_root("bakery/cli.py", "ROOT = Path(__file__).resolve().parent.parent\n")
     assert _computes_root("tests/unit/test_x.py", "ROOT = Path(__file__).parents[2]\n")
     assert not _computes_root("tests/unit/test_x.py", "HERE = Path(__file__).resolve().parent\n")
     assert not _computes_root("tests/image/launch.py", 'CP = Path(__file__).resolve().parents[1] / "controlplane"\n')

@@ -1,4 +1,4 @@
-"""bakery.plan: one BuildPlan per engine, made once from the spec, the typed options and the run's facts.
+"""bakery.recipe.plan: one BuildPlan per engine, made once from the spec, the typed options and the run's facts.
 
 No Docker here. The pipeline, the bake file and the release read the plan; these checks pin what it
 decides (base, variant, platforms, tags, render options) and that a bake target's plan is made again
@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from bakery import __version__
-from bakery.bakefile import read_target, write_bake_file
-from bakery.base_catalogue import BASES
-from bakery.checkout import BuildFacts
 from bakery.errors import InputError
-from bakery.image_ref import name_and_tag
-from bakery.plan import BuildOptions, choose_base, host_platform, make_plan
-from bakery.render import render
-from bakery.spec import load_engine
-from bakery.tags import candidate_prefix, release_tags, repository_prefix
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, choose_base, host_platform, make_plan
+from bakery.recipe.render import render
+from bakery.recipe.tags import candidate_prefix, release_tags, repository_prefix
+from bakery.release.bakefile import read_target, write_bake_file
+from bakery.spec.base_catalogue import BASES
+from bakery.spec.engine_spec import load_engine
+from bakery.spec.image_ref import name_and_tag
 
 REV = "abc1234def5678900000000000000000000000000"
 FACTS = BuildFacts(revision=REV, created="2026-01-02T03:04:05Z")

@@ -1,4 +1,4 @@
-"""The provenance push (bakery/provenance.py) and its read-back, on recorded index and manifest JSON.
+"""The provenance push (bakery/release/provenance.py) and its read-back, on recorded index and manifest JSON.
 
 The fixtures (tests/unit/fixtures/provenance/, see its README) are what buildx pushes for one platform
 with `attest=type=provenance`, laid out as BuildKit's attestation-storage document describes: an index
@@ -16,19 +16,19 @@ from typing import Any
 
 import pytest
 
-import bakery.docker_engine as docker_engine
-import bakery.provenance as provenance
-import bakery.publish as publish
-import bakery.release as release
-import bakery.verify
-from bakery.bakefile import load_bake_file, write_bake_file
-from bakery.checkout import BuildFacts
+import bakery.build.publish as publish
+import bakery.build.verify
+import bakery.docker.engine as docker_engine
+import bakery.release.ci as release
+import bakery.release.provenance as provenance
+from bakery.build.verify import GateResult
 from bakery.errors import BuildError, InputError, VerificationError
-from bakery.plan import BuildOptions, make_plan
-from bakery.provenance import bake_push_command, platform_manifest, push_with_provenance, read_back
-from bakery.release import VerifiedRecord, assemble, verify_target
-from bakery.spec import load_engine
-from bakery.verify import GateResult
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, make_plan
+from bakery.release.bakefile import load_bake_file, write_bake_file
+from bakery.release.ci import VerifiedRecord, assemble, verify_target
+from bakery.release.provenance import bake_push_command, platform_manifest, push_with_provenance, read_back
+from bakery.spec.engine_spec import load_engine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "provenance"
 REPO = "ghcr.io/acme/vllm"
@@ -335,7 +335,7 @@ def test_verify_with_provenance_writes_no_record_for_a_mismatch(bake_file: Path,
                                                                capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setattr(provenance, "run_command", FakeBuildx(registry, INDEX["arm64"], IMAGE["arm64"]))
     monkeypatch.setattr(provenance, "inspect_raw", registry.inspect)
-    monkeypatch.setattr(bakery.verify, "run_gate", passing_gate)  # what verify runs when no gate is given
+    monkeypatch.setattr(bakery.build.verify, "run_gate", passing_gate)  # what verify runs when no gate is given
     code = release.main(["verify", "--bake-file", str(bake_file), "--target", "vllm-amd64", "--records",
                          str(tmp_path / "r"), "--push", "--provenance"])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bakery.release:")]

@@ -1,4 +1,4 @@
-"""Publishing exactly what was verified (bakery/release.py, bakery/publish.py), without Docker.
+"""Publishing exactly what was verified (bakery/release/ci.py, bakery/build/publish.py), without Docker.
 
 A failed gate leaves no tag, no push and no record; the manifest is assembled only from records, and
 only after each pushed digest is shown to hold the very image the gate verified.
@@ -11,22 +11,22 @@ from pathlib import Path
 
 import pytest
 
-import bakery.docker_engine as docker_engine
-import bakery.docker_push as docker_push
-import bakery.publish as publish
-import bakery.release as release
+import bakery.build.publish as publish
+import bakery.docker.engine as docker_engine
+import bakery.docker.push as docker_push
+import bakery.release.ci as release
 from bakery import __version__
-from bakery.bakefile import write_bake_file
-from bakery.checkout import BuildFacts
+from bakery.build.publish import Pushed
+from bakery.build.verify import GateResult
 from bakery.errors import InputError, VerificationError
-from bakery.image_ref import registry_of
-from bakery.plan import BuildOptions, host_platform, make_plan
-from bakery.publish import Pushed
-from bakery.release import VerifiedRecord, assemble, matrix, plan_manifests, verify_target
-from bakery.spec import available_engines, load_engine
-from bakery.verify import GateResult
+from bakery.recipe.build_facts import BuildFacts
+from bakery.recipe.plan import BuildOptions, host_platform, make_plan
+from bakery.release.bakefile import write_bake_file
+from bakery.release.ci import VerifiedRecord, assemble, matrix, plan_manifests, verify_target
+from bakery.spec.engine_spec import available_engines, load_engine
+from bakery.spec.image_ref import registry_of
 
-# The pinned vLLM version and base, read from the spec: a version bump (python -m bakery.bump) keeps these true.
+# The pinned vLLM version and base, read from the spec: a version bump (python -m bakery.upkeep.bump) keeps these true.
 VV = load_engine("vllm").version
 VLLM_BASE = load_engine("vllm").base.image
 
@@ -209,7 +209,7 @@ def test_metadata_must_name_the_same_image(monkeypatch: pytest.MonkeyPatch) -> N
             def get(ref):
                 return Image
 
-    monkeypatch.setattr("bakery.docker_engine.client", lambda: Client)
+    monkeypatch.setattr("bakery.docker.engine.client", lambda: Client)
     meta = {"vllm-amd64": {"containerimage.config.digest": IMAGE["amd64"]}}
     assert release.built_image_id("x:candidate", meta, "vllm-amd64") == IMAGE["amd64"]
     assert release.built_image_id("x:candidate", {"vllm-amd64": {}}, "vllm-amd64") == IMAGE["amd64"]

@@ -10,11 +10,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bakery import render as render_mod
 from bakery.errors import InputError
-from bakery.render import RenderOptions, baked_env, render
-from bakery.secrets import secret_reason, secret_value_reason
-from bakery.spec import IMAGES_DIR, available_engines, load_engine, load_spec_file, parse_spec
+from bakery.recipe import render as render_mod
+from bakery.recipe.render import RenderOptions, baked_env, render
+from bakery.spec.engine_spec import IMAGES_DIR, available_engines, load_engine, load_spec_file, parse_spec
+from bakery.spec.secrets import secret_reason, secret_value_reason
 from tests.unit.dockerfile_model import env_of, instructions
 
 ENGINES = available_engines()
@@ -130,13 +130,13 @@ def test_any_baked_value_round_trips_through_rendered_env(extra: dict, errors: l
 
 
 def test_a_template_cannot_print_a_value_that_skipped_the_one_path(tmp_path: Path) -> None:
-    """render()'s Jinja environment refuses any {{ expression }} not made by bakery.dockerfile_values,
+    """render()'s Jinja environment refuses any {{ expression }} not made by bakery.spec.dockerfile_values,
     so an engine template that printed a raw spec value fails instead of baking it unquoted."""
     (tmp_path / "raw.Dockerfile.j2").write_text('{% extends "base.Dockerfile.j2" %}{% block engine %}'
                                                 "RUN echo {{ bake_env[0][0] ~ '-raw' }}{% endblock %}")
     data = yaml.safe_load((IMAGES_DIR / "vllm.yaml").read_text())
     data["template"] = "raw.Dockerfile.j2"
-    unsafe = rf"{tmp_path}/raw\.Dockerfile\.j2: .*did not pass through bakery\.dockerfile_values"
+    unsafe = rf"{tmp_path}/raw\.Dockerfile\.j2: .*did not pass through bakery\.spec\.dockerfile_values"
     with pytest.raises(InputError, match=unsafe):
         render(parse_spec(data, "images/vllm.yaml"), RenderOptions(templates_dir=tmp_path))
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from bakery import cli
 from bakery.errors import InputError
-from bakery.image_ref import check_reference
-from bakery.plan import choose_base
-from bakery.render import RenderOptions, baked_env, render
-from bakery.spec import IMAGES_DIR, parse_spec
+from bakery.recipe.plan import choose_base
+from bakery.recipe.render import RenderOptions, baked_env, render
+from bakery.spec.engine_spec import IMAGES_DIR, parse_spec
+from bakery.spec.image_ref import check_reference
 from tests.unit.dockerfile_model import unquote
 
 PRISTINE_DATA = yaml.safe_load((IMAGES_DIR / "llama.yaml").read_text())

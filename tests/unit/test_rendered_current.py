@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bakery import rendered
-from bakery.spec import REPO_ROOT, available_engines
+from bakery.recipe import rendered
+from bakery.spec.engine_spec import REPO_ROOT, available_engines
 
 
 def test_committed_dockerfiles_are_current() -> None:
@@ -39,14 +39,15 @@ def test_a_change_not_re_rendered_is_named_with_the_command(tmp_path: Path) -> N
     messages = [str(p) for p in rendered.stale(copy)]
     assert messages == [
         f"{copy}/sglang/Dockerfile: missing (engine sglang has no committed Dockerfile); "
-        "run `make render (python -m bakery.rendered)` and commit it",
+        "run `make render (python -m bakery.recipe.rendered)` and commit it",
         f"{copy}/vllm/Dockerfile: out of date with images/vllm.yaml and templates/; "
-        "run `make render (python -m bakery.rendered)` and commit it",
-        f"{copy}/tgi: belongs to no engine in images/; run `make render (python -m bakery.rendered)` and commit it",
+        "run `make render (python -m bakery.recipe.rendered)` and commit it",
+        f"{copy}/tgi: belongs to no engine in images/; "
+        "run `make render (python -m bakery.recipe.rendered)` and commit it",
     ]
-    check = subprocess.run([sys.executable, "-m", "bakery.rendered", "--check", "--dir", str(copy)], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=60, check=False)
-    assert check.returncode == 1 and check.stderr.count("bakery.rendered: ") == 3, check.stderr
+    check = subprocess.run([sys.executable, "-m", "bakery.recipe.rendered", "--check", "--dir", str(copy)],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode == 1 and check.stderr.count("bakery.recipe.rendered: ") == 3, check.stderr
     rendered.regenerate(copy)
     assert rendered.stale(copy) == []
     assert not (copy / "tgi").exists()

@@ -1,10 +1,10 @@
-"""bakery.sbom: an SBOM must list exactly the distributions installed (the gate's SBOM check)."""
+"""bakery.release.sbom: an SBOM must list exactly the distributions installed (the gate's SBOM check)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bakery.sbom import sbom_distributions, sbom_mismatches
+from bakery.release.sbom import sbom_distributions, sbom_mismatches
 
 
 def component(name: str, version: str, purl_name: str | None = None) -> dict:

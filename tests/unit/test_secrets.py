@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from bakery.errors import InputError
-from bakery.secrets import NAME_RULES, VALUE_RULES, secret_reason, secret_value_reason
-from bakery.spec import IMAGES_DIR, load_spec_file
+from bakery.spec.engine_spec import IMAGES_DIR, load_spec_file
+from bakery.spec.secrets import NAME_RULES, VALUE_RULES, secret_reason, secret_value_reason
 
 # name -> the rule that must refuse it (None: an ordinary name that must pass).
 NAMES: dict[str, str | None] = {

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from bakery.spec import REPO_ROOT
+from bakery.spec.engine_spec import REPO_ROOT
 from bakery.tracked import tracked_files
 
 

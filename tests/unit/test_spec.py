@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from bakery.errors import InputError
-from bakery.secrets import secret_reason
-from bakery.spec import IMAGES_DIR, REQUIRED_BAKE, available_engines, load_engine, load_spec_file
+from bakery.spec.engine_spec import IMAGES_DIR, REQUIRED_BAKE, available_engines, load_engine, load_spec_file
+from bakery.spec.secrets import secret_reason
 
 GOOD = (IMAGES_DIR / "llama.yaml").read_text()
 

@@ -1,4 +1,4 @@
-"""The tag scheme (bakery/tags.py, docs/tags.md): computed from the spec, tested as a table."""
+"""The tag scheme (bakery/recipe/tags.py, docs/tags.md): computed from the spec, tested as a table."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 
 from bakery import __version__
 from bakery.errors import InputError
-from bakery.spec import available_engines, load_engine
-from bakery.tags import (
+from bakery.recipe.tags import (
     arch,
     candidate_tag,
     check_repository,
@@ -18,9 +17,10 @@ from bakery.tags import (
     platform_tag,
     release_tags,
 )
+from bakery.spec.engine_spec import available_engines, load_engine
 
 REV = "abc1234def5678900000000000000000000000000"
-# The pinned engine version, read from the spec: a version bump (python -m bakery.bump) keeps these true.
+# The pinned engine version, read from the spec: a version bump (python -m bakery.upkeep.bump) keeps these true.
 V = load_engine("llama").version
 DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.spec import REPO_ROOT
+from bakery.spec.engine_spec import REPO_ROOT
 from tests.unit import workflow_policy
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
@@ -91,7 +91,7 @@ def test_images_builds_from_the_bake_file_and_gates_before_anything_leaves() -> 
     assert build["runs-on"] == "${{ inputs.runner }}"
     texts = steps_text(build)
     write = index_of(texts, "--bake-file")
-    override = index_of(texts, "python -m bakery.bakefile ci")
+    override = index_of(texts, "python -m bakery.release.bakefile ci")
     bake = index_of(texts, "docker buildx bake -f docker-bake.json -f ci.json --load")
     gate = index_of(texts, "python -m bakery.release verify")
     upload = index_of(texts, "actions/upload-artifact")
@@ -136,7 +136,7 @@ def test_the_release_push_asks_for_provenance_and_records_only_after_the_read_ba
         "attestations need a BuildKit builder (the docker driver cannot carry them)"
     gate = index_of(texts, "python -m bakery.release verify")
     # Publishing: the gate's own command pushes with buildx and provenance, reading the pushed index
-    # back (bakery/provenance.py) before it writes the record; the same override the build used.
+    # back (bakery/release/provenance.py) before it writes the record; the same override the build used.
     assert 'push=(--push --provenance --override "$BAKE_DIR/ci.json")' in texts[gate]
     assert "if [[ $PUBLISH == true ]]" in texts[gate]
     assert index_of(texts, "docker buildx bake -f docker-bake.json -f ci.json --load") < gate
@@ -193,10 +193,10 @@ def test_engine_bump_is_scheduled_checks_drift_before_the_pull_request_and_only_
     assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
     steps = job["steps"]
     texts = steps_text(job)
-    bump = index_of(texts, "python -m bakery.bump --all")
-    drift = index_of(texts, "python -m bakery.drift")
+    bump = index_of(texts, "python -m bakery.upkeep.bump --all")
+    drift = index_of(texts, "python -m bakery.upkeep.drift")
     images = index_of(texts, "docker buildx imagetools inspect")
-    render = index_of(texts, "python -m bakery.rendered\n")
+    render = index_of(texts, "python -m bakery.recipe.rendered\n")
     tests = index_of(texts, "pytest tests/unit")
     pull_request = index_of(texts, "gh pr create")
     assert bump < drift < images < render < tests < pull_request, "bump → drift → bases → render → tests → PR"

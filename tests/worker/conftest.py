@@ -1,7 +1,7 @@
 """Fixtures for the worker's host tests (helpers live in tests/worker/helpers.py).
 
 Session resources (the lean worker venv, the real llama.cpp venv and model) are built through
-bakery.worker_env and cached under the bakery cache; when one cannot be made the tests error out
+bakery.host.downloads and cached under the bakery cache; when one cannot be made the tests error out
 (no skip hides a missing dependency).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import worker_env
+from bakery.host import downloads as worker_env
 from tests.worker.helpers import Proc, ReportServer
 
 

@@ -1,6 +1,6 @@
 """Helpers for the worker's host tests: real SDK, real processes on loopback, no Docker.
 
-The worker runs through worker/start_server.sh with the lean venv of bakery.worker_env
+The worker runs through worker/start_server.sh with the lean venv of bakery.host.downloads
 (WORKER_PYTHON), against the project's stand-in engines (bases/standin: vllm, sglang) or the real
 llama.cpp (xllamacpp), with the offline platform environment of docs/sdk.md ("Environment read at
 start"). REPORT_ADDR points at a local HTTP server that

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import worker_env
+from bakery.host import downloads as worker_env
 from tests.worker.helpers import (
     HERE,
     SDK_READY,

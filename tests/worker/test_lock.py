@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from bakery import worker_env
+from bakery.host import downloads as worker_env
 from tests.worker.helpers import WORKER_DIR
 
 REQUIREMENTS = WORKER_DIR / "requirements.txt"

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bakery.sbom import INSTALLED_PROBE, sbom_mismatches
-from bakery.spec import REPO_ROOT
-from bakery.wheelhouse import SBOM_REQUIREMENTS, wheelhouse
+from bakery.host.wheelhouse import SBOM_REQUIREMENTS, wheelhouse
+from bakery.release.sbom import INSTALLED_PROBE, sbom_mismatches
+from bakery.spec.engine_spec import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "templates" / "context" / "make-sbom.sh"
 

@@ -39,7 +39,7 @@ PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")  # supervisord program names: never 
 INI_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 RESERVED_PROGRAMS = {"worker", "bakery-watch"}
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
-# The engine program the image bakes from its spec (bakery.engine_facts.PROGRAM_VAR): the entry point
+# The engine program the image bakes from its spec (bakery.spec.engine_facts.PROGRAM_VAR): the entry point
 # needs no table of engines, and BACKEND=<an alias> still runs the image's own engine program.
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 GENERIC_WORKER = "workers/openai/generic.py"  # what an engine without an adapter of its own runs

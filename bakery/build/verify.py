@@ -1,0 +1,109 @@
+"""The verification gate: run the testinfra checks of tests/image/ against one image.
+
+build.py and the test suite run the very same checks: build.py by running pytest on tests/image/
+with --bakery-image, the suite by building images itself. A gate that did not run is not a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bakery.paths import GATE_DIR, REPO_ROOT
+from bakery.spec.engine_spec import IMAGES_DIR_VAR
+
+# The gate is exactly these checks (the image and its engine; the worker as the platform sees it,
+# against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
+GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py", GATE_DIR / "test_gate_contents.py")
+# Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
+# what needs no engine: the image's configuration and the worker's resolution. A custom base (a
+# team's own, --base-image) runs everything too; its serve checks need the model it serves
+# (--base-model) and are reported as not run without one (tests/image/conftest.py skips them).
+LEVELS = {
+    "local": "config or resolution or serve",
+    "production": "config or resolution",
+    "custom": "config or resolution or serve",
+}
+# How the gate's pytest learns which kind of base it checks and the model a custom base serves
+# (read by tests/image/launch.py and conftest.py).
+GATE_BASE_VAR = "BAKERY_GATE_BASE"
+GATE_MODEL_VAR = "BAKERY_GATE_MODEL"
+
+
+@dataclass
+class GateResult:
+    """Outcome of one gate run: passed only when checks ran and none failed."""
+
+    passed: bool
+    ran: int
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    output: str = ""
+    not_run: list[str] = field(default_factory=list)  # checks that apply to the image but could not run here
+    not_run_reason: str = ""  # why (the skip reason of the first)
+
+
+def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
+             progress: Callable[[str], None] | None = None, extra: list[str] | None = None,
+             images_dir: Path | None = None, model: str | None = None) -> GateResult:
+    """Run the gate's checks on `image_id`; returns which checks failed (by name) and which were not
+    run. `images_dir` holds the engine's spec when it is not the repository's images/ (the gate reads it
+    from $BAKERY_IMAGES_DIR); `model` is the model a custom base serves (build.py --base-model)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "gate.xml"
+        cmd = [sys.executable, "-m", "pytest", *map(str, GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
+               "--bakery-image", image_id, "--bakery-engine", engine, "-m", LEVELS[variant],
+               f"--junitxml={junit}", "-o", "junit_family=xunit2", "-q" if quiet else "-v", *(extra or [])]
+        start = time.monotonic()
+        env = {**os.environ, GATE_BASE_VAR: variant}
+        env.pop(GATE_MODEL_VAR, None)
+        if images_dir:
+            env[IMAGES_DIR_VAR] = str(images_dir.resolve())
+        if model:
+            env[GATE_MODEL_VAR] = model
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env)
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if progress and ("::" in line and ("PASSED" in line or "FAILED" in line or "ERROR" in line)):
+                progress(line.rstrip().replace(str(GATE_DIR) + "/", ""))
+        proc.wait()
+        seconds = time.monotonic() - start
+        report = _read_junit(junit)
+    passed = proc.returncode == 0 and report.ran > 0 and not report.failed
+    return GateResult(passed=passed, ran=report.ran, failed=report.failed, seconds=seconds, output="".join(lines),
+                      not_run=report.skipped, not_run_reason=report.skip_reason)
+
+
+@dataclass
+class _Report:
+    ran: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    skip_reason: str = ""
+
+
+def _read_junit(path: Path) -> _Report:
+    if not path.exists():
+        return _Report(failed=["the gate did not run (no report)"])
+    root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's report
+    report = _Report()
+    for case in root.iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None:
+            report.skipped.append(case.get("name", "?"))
+            report.skip_reason = report.skip_reason or skipped.get("message", "")
+            continue
+        report.ran += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            report.failed.append(case.get("name", "?"))
+    return report
