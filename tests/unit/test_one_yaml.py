@@ -3,7 +3,7 @@
 A copy of this checkout gets `images/zeta.yaml` (no worker adapter, no template of its own: the
 generic worker and the skeleton template serve it) and nothing else. The unit suite run there fails
 exactly once, on the committed render it lacks, naming the command that makes it; after that command
-(`make render`, i.e. `python -m bakery.rendered`) the same suite passes.
+(`make render`, i.e. `python -m bakery.recipe.rendered`) the same suite passes.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def test_a_fourth_engine_is_one_yaml_and_its_render(tmp_path: Path) -> None:
     message = failed["test_committed_dockerfiles_are_current"]
     assert "rendered/zeta/Dockerfile: missing" in message and REGENERATE in message, message
 
-    subprocess.run([sys.executable, "-m", "bakery.rendered"], cwd=repo, check=True, capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "bakery.recipe.rendered"], cwd=repo, check=True, capture_output=True,
+                   timeout=120)
     _git(repo, "add", "rendered")
     assert unit_failures(repo, tmp_path / "second.xml") == {}
