@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -25,9 +26,6 @@ FACTS = all_facts()
 # Code that must carry no engine name: it reads engines from the specs (or from what the image bakes).
 ENGINE_AGNOSTIC = ("bakery", "worker/boot", "worker/workers/openai", "tests/image/launch.py",
                    "tests/image/conftest.py", "tests/image/test_gate.py")
-# Engine names still written there, each with the edit that removes it. The test fails when a new one
-# appears and when one of these is gone (then delete its entry): the list only shrinks.
-PENDING: dict[tuple[str, str], str] = {}
 
 
 def _adapter(backend: str):
@@ -162,33 +160,82 @@ def test_gate_launches_the_local_base_with_the_spec_model(engine: str, monkeypat
     assert facts.fail_load_env, f"images/{engine}.yaml: base.local_fail_load gives no launch change"
 
 
-def _engine_names_in(path: Path, names: set[str]) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
-            found.add(node.value)
-    return found
+# An engine's name as a word inside a string: "vllm", "VLLM_MODEL", "vllm-standin", "workers/llama/"
+# (letters and digits on neither side). Aliases ("openai") are matched whole only: OPENAI_ROUTES and
+# workers/openai/ name the OpenAI API and the shared worker's directory, not the alias.
+def _name_pattern(names: set[str]) -> re.Pattern[str]:
+    return re.compile(r"(?<![A-Za-z0-9])(" + "|".join(sorted(map(re.escape, names))) + r")(?![A-Za-z0-9])", re.I)
+
+
+# Strings of engine-agnostic code that still name an engine, each with why it may (by file and the
+# string's start). The test fails when a new one appears and when one of these is gone.
+DECLARED: dict[tuple[str, str], str] = {
+    **{("bakery/spec/base_catalogue.py", start): "the catalogue of the bases made here is data: each base's "
+       "name, ref and what it holds" for start in (
+        "llama-cpp", "^(VLLM_VERSION|SGLANG_VERSION)", "VLLM_VERSION", "SGLANG_VERSION",
+        "The debian base with every python3", "vllm-standin", "sglang-standin", "debian + the vLLM STAND-IN",
+        "debian + the SGLang STAND-IN", "bakery-local/vllm-standin:", "bakery-local/sglang-standin:",
+        "bakery-local/llama-cpp:", "debian + a REAL llama.cpp")},
+    **{("bakery/bases/make.py", start): "how the real llama.cpp base and the stand-in bases are made (their "
+       "catalogue names and version constants)" for start in (
+        "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "llama-cpp", "llama-cpp: preparing xllamacpp",
+        "llama-server", "llama-cpp-")},
+    **{("bakery/cli.py", start): "build.py --help's examples name the repository's engines"
+       for start in ("examples:", "an engine from images/<NAME>.yaml", "build on the base made on this machine")},
+    ("bakery/spec/engine_spec.py", "other BACKEND values that mean this engine"): "a field's description (example)",
+    ("bakery/spec/engine_spec.py", ": must be host/owner/name"): "an error's example of a repository name",
+    **{(path, name): "upstream's fixed model-id precedence (pyworker #88), read after the image's own variable"
+       for path in ("worker/workers/openai/core.py", "worker/workers/openai/client.py")
+       for name in ("VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")},
+    **{("worker/workers/openai/routes.py", start): "a route's note on vLLM-Omni's batch answers (upstream's route)"
+       for start in ("vLLM-Omni", "=/v1/audio/speech/batch: vLLM-Omni")},
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    bodies = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                                          ast.AsyncFunctionDef))]
+    return {id(n.body[0].value) for n in bodies
+            if n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def _engine_names_in(path: Path, names: set[str], aliases: frozenset[str] = frozenset()) -> set[str]:
+    """The strings of `path` (docstrings aside) naming an engine as a word, or an alias whole."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs, pattern = _docstrings(tree), _name_pattern(names)
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            and (pattern.search(node.value) or node.value in aliases)}
+
+
+def _declared(path: str, value: str) -> tuple[str, str] | None:
+    """The DECLARED entry covering `value` in `path` (the longest start that fits), if any."""
+    fits = [key for key in DECLARED if key[0] == path and value.startswith(key[1])]
+    return max(fits, key=lambda key: len(key[1])) if fits else None
 
 
 def test_no_engine_name_in_engine_agnostic_code() -> None:
-    names = set(FACTS) | {a for f in FACTS.values() for a in f.aliases}
-    found: set[tuple[str, str]] = set()
+    aliases = frozenset(a for f in FACTS.values() for a in f.aliases)
+    found: dict[tuple[str, str], str] = {}
     for root in ENGINE_AGNOSTIC:
         top = REPO_ROOT / root
         for path in [top] if top.is_file() else sorted(top.rglob("*.py")):
             rel = str(path.relative_to(REPO_ROOT))
-            found |= {(rel, name) for name in _engine_names_in(path, names)}
-    new = {f"{path}: {name!r}" for path, name in found - set(PENDING)}
-    assert not new, ("engine names written in engine-agnostic code (read them from bakery.spec.engine_facts): "
-                     f"{sorted(new)}")
-    gone = {f"{path}: {name!r}" for path, name in set(PENDING) - found}
-    assert not gone, f"gone from the code, so drop their PENDING entries in {Path(__file__).name}: {sorted(gone)}"
+            found |= {(rel, value): value for value in _engine_names_in(path, set(FACTS), aliases)}
+    new = sorted(f"{path}: {value[:80]!r}" for (path, value) in found if _declared(path, value) is None)
+    assert not new, f"engine names written in engine-agnostic code (read them from bakery.spec.engine_facts): {new}"
+    used = {_declared(path, value) for (path, value) in found}
+    gone = sorted(f"{path}: {start!r}" for (path, start) in set(DECLARED) - used)
+    assert not gone, f"gone from the code, so drop their DECLARED entries in {Path(__file__).name}: {gone}"
 
 
 def test_the_engine_name_check_can_fail(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text('ENGINE = "vllm"\nOTHER = "vllm-standin"\n')
-    assert _engine_names_in(planted, set(FACTS)) == {"vllm"}
+    planted.write_text('"""A docstring may say vllm."""\nENGINE = "vllm"\nOTHER = "vllm-standin"\n'
+                       'MODEL = "VLLM_MODEL"\nPATH = "workers/llama/worker.py"\nALIAS = "openai"\n'
+                       'API = "OPENAI_ROUTES"\nWORD = "llamas"\n')
+    assert _engine_names_in(planted, set(FACTS), frozenset({"openai"})) == {
+        "vllm", "vllm-standin", "VLLM_MODEL", "workers/llama/worker.py", "openai"}
 
 
 def test_route_switches_are_the_workers() -> None:
