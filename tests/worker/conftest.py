@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bakery.host import downloads as worker_env
-from tests.worker.helpers import Harness, Proc, ReportServer
+from tests.worker.helpers import Harness, ReportServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,12 +50,6 @@ def harness(tmp_path: Path, worker_python: Path, pubkey_pem: str) -> Iterator[Ha
     """
     with Harness(tmp_path, worker_python, pubkey_pem) as started:
         yield started
-
-
-@pytest.fixture
-def procs(harness: Harness) -> list[Proc]:
-    """The harness's process list: a process appended here is stopped with the harness."""
-    return harness.procs
 
 
 @pytest.fixture

@@ -392,14 +392,16 @@ class Harness:
 
     def close(self) -> None:
         """Stop every process (last started first), close every report server, remove the short dirs."""
-        try:
-            for proc in reversed(self.procs):
-                proc.stop()
-        finally:
-            for server in self._servers:
-                server.close()
-            for path in self._dirs:
-                shutil.rmtree(path, ignore_errors=True)
+        errors: list[BaseException] = []
+        for stop in [proc.stop for proc in reversed(self.procs)] + [server.close for server in self._servers]:
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 (one that fails must not leave the others running)
+                errors.append(exc)
+        for path in self._dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        if errors:
+            raise errors[0]
 
     # -- report servers and directories
 
