@@ -14,21 +14,12 @@ from pathlib import Path
 import pytest
 
 from bakery.host import downloads as worker_env
-from tests.worker.helpers import Proc, ReportServer
+from tests.worker.helpers import Harness, ReportServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker used here (pyproject.toml belongs to the whole repo)."""
     config.addinivalue_line("markers", "slow: runs real worker processes (seconds each); still runs by default")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """A list to register processes in; all are stopped at the end of the test."""
-    started: list[Proc] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 @pytest.fixture(scope="session")
@@ -51,11 +42,20 @@ def pubkey_pem(worker_python: Path) -> str:
 
 
 @pytest.fixture
-def report_server(pubkey_pem: str) -> Iterator[ReportServer]:
-    """A fresh report server for one test."""
-    server = ReportServer(pubkey_pem)
-    yield server
-    server.close()
+def harness(tmp_path: Path, worker_python: Path, pubkey_pem: str) -> Iterator[Harness]:
+    """The test's engines, report servers and workers (helpers.Harness), all stopped at its end.
+
+    `harness.serve("vllm", harness.standin("vllm"))` starts a stand-in, a worker in front of it
+    reporting to `harness.reports`, and waits until it is loaded; `harness.worker(...)` only starts one.
+    """
+    with Harness(tmp_path, worker_python, pubkey_pem) as started:
+        yield started
+
+
+@pytest.fixture
+def report_server(harness: Harness) -> ReportServer:
+    """The test's default report server (harness.reports), closed with the harness."""
+    return harness.reports
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 SDK_READY = "marking model as loaded"  # the SDK's debug line once benchmark and health passed
+STANDIN_MODEL = "standin-model"  # the model the stand-ins serve unless told
 
 
 # --------------------------------------------------------------------------- ports and processes
@@ -188,6 +191,10 @@ class ReportServer:
             time.sleep(0.1)
         raise AssertionError(f"no matching status report within {timeout} s; got {self.statuses()[-3:]}")
 
+    def wait_loaded(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Wait for the report that says the worker is loaded (a load time and a benchmarked max_perf)."""
+        return self.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=timeout)
+
     def outcomes(self) -> dict[int, dict[str, Any]]:
         """Every request outcome posted to /delete_requests/ so far, by request_idx (the last one wins)."""
         with self._lock:
@@ -251,9 +258,6 @@ def make_signing_key(worker_python: Path, bits: int = 2048) -> SigningKey:
     return SigningKey(data["pem"], int(data["n"]), int(data["d"]))
 
 
-# --------------------------------------------------------------------------- session resources
-
-
 # --------------------------------------------------------------------------- launching
 
 
@@ -302,15 +306,17 @@ def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: s
     return proc
 
 
-def start_standin(engine: str, port: int, log: Path, procs: list[Proc], model: str = "standin-model",
-                  load_seconds: float = 0.3) -> Proc:
+def start_standin(engine: str, port: int, log: Path, procs: list[Proc], model: str = STANDIN_MODEL,
+                  load_seconds: float = 0.3, **switches: str) -> Proc:
     """Run the project's vLLM/SGLang stand-in (bases/standin) on 127.0.0.1:`port`, output appended to `log`.
 
     It prints the engine's real log lines and mimics its /health (docs/engines.md, "What each engine
-    prints"); it serves `model` and refuses requests naming another one, as vLLM does.
+    prints"); it serves `model` and refuses requests naming another one, as vLLM does. `switches` are
+    STANDIN_* variables (bases/standin/bakery_standin/core.py: records, step mode, reply length...).
     """
     args = ["vllm", "serve", model] if engine == "vllm" else ["sglang", "--model-path", model]
-    env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), "STANDIN_WARMUP_SECONDS": str(load_seconds)}
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), "STANDIN_WARMUP_SECONDS": str(load_seconds),
+           **switches}
     proc = Proc([sys.executable, str(STANDIN), *args, "--host", "127.0.0.1", "--port", str(port)], log, env=env)
     procs.append(proc)
     return proc
@@ -321,6 +327,161 @@ def start_llama(llama_python: Path, model: Path, port: int, log: Path, procs: li
     proc = Proc([str(llama_python), str(LLAMA_ENGINE), "--model", str(model), "--port", str(port)], log)
     procs.append(proc)
     return proc
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine on 127.0.0.1:`port` whose log (the worker's MODEL_LOG) is `log`; `proc` once started."""
+
+    port: int
+    log: Path
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        """What the worker's MODEL_SERVER_URL points at."""
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A worker started by a Harness: its port, its process, its report server and engine (if any)."""
+
+    port: int
+    worker: Proc
+    reports: ReportServer | None
+    engine: Engine | None
+
+    @property
+    def url(self) -> str:
+        """The worker's own URL (what it reports, what the platform signs)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine_port(self) -> int:
+        assert self.engine is not None, "this worker was started without an engine"
+        return self.engine.port
+
+
+class Harness:
+    """The one place a test starts engines, report servers and workers; `close()` stops them all.
+
+    Everything it starts is registered here and stopped on close (in reverse order: workers before
+    their engines), report servers are closed and short directories removed, whatever the test did.
+    Function-scoped tests get one from the `harness` fixture (conftest.py); a module-scoped fixture
+    uses it as a context manager: `with Harness(tmp, worker_python, pubkey) as harness: ...`.
+    """
+
+    def __init__(self, tmp: Path, worker_python: Path, pubkey: str) -> None:
+        self.tmp = tmp
+        self.worker_python = worker_python
+        self.pubkey = pubkey
+        self.procs: list[Proc] = []
+        self._servers: list[ReportServer] = []
+        self._dirs: list[Path] = []
+        self._reports: ReportServer | None = None
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every process (last started first), close every report server, remove the short dirs."""
+        errors: list[BaseException] = []
+        for stop in [proc.stop for proc in reversed(self.procs)] + [server.close for server in self._servers]:
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 (one that fails must not leave the others running)
+                errors.append(exc)
+        for path in self._dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        if errors:
+            raise errors[0]
+
+    # -- report servers and directories
+
+    def report_server(self, pubkey: str | None = None, key_available: bool = True) -> ReportServer:
+        """A new report server serving `pubkey` (default: the session's); closed with the harness."""
+        server = ReportServer(self.pubkey if pubkey is None else pubkey, key_available=key_available)
+        self._servers.append(server)
+        return server
+
+    @property
+    def reports(self) -> ReportServer:
+        """The test's default report server (made on first use): where workers report unless told."""
+        if self._reports is None:
+            self._reports = self.report_server()
+        return self._reports
+
+    def short_dir(self, prefix: str) -> Path:
+        """A directory under /tmp (supervisord's unix socket path must fit in 108 bytes, tmp_path may
+        not); removed with the harness."""
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        self._dirs.append(path)
+        return path
+
+    # -- processes
+
+    def start(self, cmd: list[str], output: Path, env: dict[str, str] | None = None) -> Proc:
+        """Any process (an entry point, another engine), registered to be stopped with the harness."""
+        proc = Proc(cmd, output, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def slot(self, name: str) -> Engine:
+        """A free port and a log path for an engine not started yet (the worker may come first)."""
+        return Engine(free_port(), self.tmp / f"{name}.log")
+
+    def standin(self, engine: str, at: Engine | None = None, load_seconds: float = 0.3,
+                **switches: str) -> Engine:
+        """The vLLM or SGLang stand-in (at `at`, default a fresh slot) with STANDIN_* `switches`."""
+        slot = at or self.slot(engine)
+        proc = start_standin(engine, slot.port, slot.log, self.procs, load_seconds=load_seconds, **switches)
+        return Engine(slot.port, slot.log, proc)
+
+    def llama(self, llama_python: Path, model: Path, at: Engine | None = None) -> Engine:
+        """The real llama.cpp server on `model` (at `at`, default a fresh slot)."""
+        slot = at or self.slot("llama")
+        return Engine(slot.port, slot.log, start_llama(llama_python, model, slot.port, slot.log, self.procs))
+
+    def engine(self, cmd: list[str], at: Engine, output: Path | None = None) -> Engine:
+        """An engine run by `cmd` (which must serve `at`'s port and write its log); output to `at`'s log
+        unless `output` is given."""
+        return Engine(at.port, at.log, self.start(cmd, output or at.log))
+
+    def worker(self, backend: str, engine: Engine | None = None, reports: ReportServer | str | None = None, *,
+               port: int | None = None, name: str = "worker", python: Path | None = None,
+               **env: str | None) -> Served:
+        """Start worker/start_server.sh for `backend` (not waiting for anything).
+
+        MODEL_LOG and MODEL_SERVER_URL come from `engine`; it reports to `reports` (a server, or a bare
+        URL for a worker that must never reach one; default the harness's server); `env` overrides
+        worker_env_for's environment (None removes a variable).
+        """
+        port = free_port_pair() if port is None else port
+        server = self.reports if reports is None else reports
+        url = server if isinstance(server, str) else server.url
+        settings: dict[str, str | None] = {}
+        if engine is not None:
+            settings.update(MODEL_LOG=str(engine.log), MODEL_SERVER_URL=engine.url)
+        settings.update(env)
+        full = worker_env_for(backend, python or self.worker_python, self.tmp / "state", port, url, **settings)
+        proc = start_worker(self.tmp, full, self.procs, name=name)
+        return Served(port, proc, None if isinstance(server, str) else server, engine)
+
+    def serve(self, backend: str, engine: Engine | None = None, reports: ReportServer | None = None, *,
+              timeout: float = 90, **env: str | None) -> Served:
+        """`worker(...)`, then wait until the SDK marked the model loaded and reported it loaded."""
+        served = self.worker(backend, engine, reports, **env)
+        served.worker.wait_for(SDK_READY, timeout=timeout)
+        assert served.reports is not None
+        served.reports.wait_loaded(timeout=60)
+        return served
 
 
 def post_enveloped(port: int, route: str, payload: dict[str, Any], reqnum: int = 1,

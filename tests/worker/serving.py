@@ -1,62 +1,18 @@
-"""Helpers for the serving tests (streaming, drain): a stand-in with switches, a worker in front of it,
-and a client that reads a streamed answer one SSE event at a time."""
+"""Helpers for the serving tests (streaming, drain, engine connections): a client that reads a streamed
+answer one SSE event at a time, and the stand-in's stream records. Engines and workers are started by
+helpers.Harness."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.worker.helpers import (
-    SDK_READY,
-    STANDIN,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    start_worker,
-    worker_env_for,
-)
+from tests.worker.helpers import STANDIN_MODEL
 
-MODEL = "standin-model"
-
-
-def start_standin(engine: str, tmp: Path, procs: list[Proc], **switches: str) -> tuple[int, Path]:
-    """The vLLM or SGLang stand-in on a free loopback port with STANDIN_* `switches`; (port, log)."""
-    port, log = free_port(), tmp / f"{engine}.log"
-    args = ["vllm", "serve", MODEL] if engine == "vllm" else ["sglang", "--model-path", MODEL]
-    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0.3", "STANDIN_WARMUP_SECONDS": "0.3", **switches}
-    procs.append(Proc([sys.executable, str(STANDIN), *args, "--host", "127.0.0.1", "--port", str(port)], log,
-                      env=env))
-    return port, log
-
-
-@dataclass
-class Served:
-    """A worker (UNSECURED) in front of an engine, loaded and reported."""
-
-    port: int
-    engine_port: int
-    worker: Proc
-    reports: ReportServer
-
-
-def start_served(backend: str, tmp: Path, procs: list[Proc], reports: ReportServer, worker_python: Path,
-                 engine_port: int, log: Path, **env: str | None) -> Served:
-    """Start the worker for `backend` in front of the engine on `engine_port`; wait until it is loaded."""
-    port = free_port_pair()
-    settings: dict[str, str | None] = {"MODEL_LOG": str(log), "MODEL_NAME": MODEL,
-                                       "MODEL_SERVER_URL": f"http://127.0.0.1:{engine_port}", **env}
-    worker = start_worker(tmp, worker_env_for(backend, worker_python, tmp / "state", port, reports.url, **settings),
-                          procs)
-    worker.wait_for(SDK_READY, timeout=90)
-    reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=60)
-    return Served(port, engine_port, worker, reports)
+MODEL = STANDIN_MODEL
 
 
 def envelope(payload: dict[str, Any], idx: int = 1) -> bytes:

@@ -11,6 +11,7 @@ REPORT_ADDR.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,18 +20,7 @@ from workers.openai.core import EngineDefaults
 from workers.sglang.worker import DEFAULTS as SGLANG
 from workers.vllm.worker import DEFAULTS as VLLM
 
-from tests.worker.helpers import (
-    SDK_READY,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    post_enveloped,
-    start_llama,
-    start_standin,
-    start_worker,
-    worker_env_for,
-)
+from tests.worker.helpers import SDK_READY, Engine, Harness, post_enveloped
 
 pytestmark = pytest.mark.slow
 
@@ -65,22 +55,21 @@ def _check_answers(port: int, engine: str, model_id: str) -> None:
     assert b"data: " in body and b"[DONE]" in body
 
 
-def _run_backend(backend: str, engine_log: Path, engine_port: int, start_engine, worker_first: bool,
-                 tmp_path: Path, worker_python: Path, report: ReportServer, procs: list[Proc],
-                 model_id: str) -> None:
+def _run_backend(harness: Harness, backend: str, slot: Engine, start_engine: Callable[[], Engine],
+                 worker_first: bool, model_id: str) -> None:
+    """`start_engine` starts the engine at `slot` (its port and log are known before it runs)."""
     defaults: EngineDefaults = ENGINE_DEFAULTS[backend]
-    port = free_port_pair()
-    state = tmp_path / "state"
-    env = worker_env_for(backend, worker_python, state, port, report.url, MODEL_LOG=str(engine_log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", MODEL_NAME=model_id)
+    state, engine_log, report = harness.tmp / "state", slot.log, harness.reports
     if worker_first:  # the worker waits for the log file to appear
-        worker = start_worker(tmp_path, env, procs)
-        worker.wait_for("beginning log tracking")
-        engine = start_engine()
+        served = harness.worker(backend, slot, MODEL_NAME=model_id)
+        served.worker.wait_for("beginning log tracking")
+        start_engine()
     else:  # the load line is already in the log when the worker starts: it must not be missed
-        engine = start_engine()
+        engine = start_engine().proc
+        assert engine is not None
         engine.wait_for(defaults.load_lines[0], timeout=120)
-        worker = start_worker(tmp_path, env, procs)
+        served = harness.worker(backend, slot, MODEL_NAME=model_id)
+    worker, port = served.worker, served.port
 
     out = worker.wait_for(SDK_READY, timeout=180)
     banner = f"Using worker backend: {defaults.engine}"
@@ -104,37 +93,26 @@ def _run_backend(backend: str, engine_log: Path, engine_port: int, start_engine,
 
 
 @pytest.mark.parametrize(("backend", "worker_first"), [("vllm", False), ("sglang", True), ("openai", False)])
-def test_standin_backend(backend: str, worker_first: bool, tmp_path: Path, worker_python: Path,
-                         report_server: ReportServer, procs: list[Proc]) -> None:
+def test_standin_backend(backend: str, worker_first: bool, harness: Harness) -> None:
     """vllm / sglang / the openai alias over bases/standin, which prints the engine's own log lines."""
     engine = "vllm" if backend == "openai" else backend
-    engine_port = free_port()
-    log = tmp_path / f"{engine}.log"
-    _run_backend(backend, log, engine_port, lambda: start_standin(engine, engine_port, log, procs), worker_first,
-                 tmp_path, worker_python, report_server, procs, "standin-model")
+    slot = harness.slot(engine)
+    _run_backend(harness, backend, slot, lambda: harness.standin(engine, at=slot), worker_first, "standin-model")
 
 
-def test_llama_backend_real_llama_cpp(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                                      procs: list[Proc], llama_python: Path, smollm2: Path) -> None:
+def test_llama_backend_real_llama_cpp(harness: Harness, llama_python: Path, smollm2: Path) -> None:
     """llama over the real llama.cpp server with the real SmolLM2 model (load line: `model loaded`)."""
-    engine_port = free_port()
-    log = tmp_path / "llama.log"
-    _run_backend("llama", log, engine_port, lambda: start_llama(llama_python, smollm2, engine_port, log, procs),
-                 False, tmp_path, worker_python, report_server, procs, "smollm2")
+    slot = harness.slot("llama")
+    _run_backend(harness, "llama", slot, lambda: harness.llama(llama_python, smollm2, at=slot), False, "smollm2")
 
 
-def test_llama_real_load_failure_reports_errored(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                                                 procs: list[Proc], llama_python: Path) -> None:
+def test_llama_real_load_failure_reports_errored(harness: Harness, tmp_path: Path, llama_python: Path) -> None:
     """A model file llama.cpp cannot load: its own error lines make the worker report errored."""
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "llama.log"
-    engine = start_llama(llama_python, bad, engine_port, log, procs)
-    assert engine.wait_exit(60) != 0
-    env = worker_env_for("llama", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", LLAMA_MODEL="smollm2")
-    worker = start_worker(tmp_path, env, procs)
+    engine = harness.llama(llama_python, bad)
+    assert engine.proc is not None and engine.proc.wait_exit(60) != 0
+    worker, report_server = harness.worker("llama", engine, LLAMA_MODEL="smollm2").worker, harness.reports
     worker.wait_for("Got log line indicating error")
     status = report_server.wait_status(lambda s: bool(s.get("error_msg")), timeout=30)
     assert status["error_msg"] in LLAMA.error_lines

@@ -12,25 +12,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from workers.openai import drain
 
-from tests.worker.helpers import (
-    STANDIN,
-    WORKER_DIR,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    platform_env,
-    start_worker,
-    worker_env_for,
-)
-from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_record
+from tests.worker.helpers import STANDIN, WORKER_DIR, Engine, Harness, free_port, free_port_pair, platform_env
+from tests.worker.serving import MODEL, EventStream, envelope, wait_record
 
 ENTRYPOINT = WORKER_DIR / "boot" / "entrypoint.py"
 ROUTE = "/v1/chat/completions"
@@ -91,75 +79,62 @@ def test_supervisord_stops_the_worker_first_and_waits_for_its_drain() -> None:
 
 
 @pytest.fixture
-def stepped_engine(tmp_path: Path, procs: list[Proc]) -> tuple[int, Path, Path, Path]:
-    """The vLLM stand-in in step mode: (port, log, step dir, record)."""
-    steps, record = tmp_path / "steps", tmp_path / "record.jsonl"
+def stepped_engine(harness: Harness) -> tuple[Engine, Path, Path]:
+    """The vLLM stand-in in step mode: (engine, step dir, record)."""
+    steps, record = harness.tmp / "steps", harness.tmp / "record.jsonl"
     steps.mkdir()
-    port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
-                              STANDIN_REPLY_TOKENS=str(TOKENS))
-    return port, log, steps, record
+    engine = harness.standin("vllm", STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
+                             STANDIN_REPLY_TOKENS=str(TOKENS))
+    return engine, steps, record
 
 
 @pytest.mark.slow
 def test_sigterm_refuses_new_requests_and_finishes_the_one_in_flight(
-        tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc],
-        stepped_engine: tuple[int, Path, Path, Path]) -> None:
-    engine_port, log, steps, record = stepped_engine
-    reports = ReportServer(pubkey_pem)
-    try:
-        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log,
-                              BAKERY_RETRY_AFTER="7")
-        stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
-        first = stream.next_event()
-        assert stream.status == 200 and first.startswith(b"data: ")
-        os.kill(served.worker.popen.pid, signal.SIGTERM)
-        served.worker.wait_for("draining, 1 request(s) in flight")
-        status, body, headers = post(served.port)
-        assert status == 503 and headers["retry-after"] == "7" and "shutting down" in body["error"], (status, body)
-        assert headers.get("connection", "").lower() == "close"
-        assert served.worker.popen.poll() is None  # still draining: the held answer is not finished
-        rest = finish(stream, steps)
-        stream.close()
-        assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
-        assert wait_record(record, HELD_PROMPT) == {"stream": ROUTE, "prompt": HELD_PROMPT, "events": TOKENS + 4,
-                                                   "outcome": "complete"}
-        assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
-        assert "drained in" in served.worker.text and "(1 request(s) refused meanwhile)" in served.worker.text
-        # Both outcomes left before the exit: the answer that ended just before it (the SDK's 1 s
-        # loop would have sent it too late) and the refusal (offline: every envelope counts as signed).
-        outcomes = reports.outcomes()
-        assert outcomes.get(1, {}).get("success") is True, outcomes
-        assert outcomes.get(2, {}).get("status") == "Rejected", outcomes
-    finally:
-        reports.close()
+        harness: Harness, stepped_engine: tuple[Engine, Path, Path]) -> None:
+    engine, steps, record = stepped_engine
+    served = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_RETRY_AFTER="7")
+    reports = harness.reports
+    stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
+    first = stream.next_event()
+    assert stream.status == 200 and first.startswith(b"data: ")
+    os.kill(served.worker.popen.pid, signal.SIGTERM)
+    served.worker.wait_for("draining, 1 request(s) in flight")
+    status, body, headers = post(served.port)
+    assert status == 503 and headers["retry-after"] == "7" and "shutting down" in body["error"], (status, body)
+    assert headers.get("connection", "").lower() == "close"
+    assert served.worker.popen.poll() is None  # still draining: the held answer is not finished
+    rest = finish(stream, steps)
+    stream.close()
+    assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
+    assert wait_record(record, HELD_PROMPT) == {"stream": ROUTE, "prompt": HELD_PROMPT, "events": TOKENS + 4,
+                                               "outcome": "complete"}
+    assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
+    assert "drained in" in served.worker.text and "(1 request(s) refused meanwhile)" in served.worker.text
+    # Both outcomes left before the exit: the answer that ended just before it (the SDK's 1 s
+    # loop would have sent it too late) and the refusal (offline: every envelope counts as signed).
+    outcomes = reports.outcomes()
+    assert outcomes.get(1, {}).get("success") is True, outcomes
+    assert outcomes.get(2, {}).get("status") == "Rejected", outcomes
 
 
 @pytest.mark.slow
-def test_the_drain_is_bounded(tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc],
-                              stepped_engine: tuple[int, Path, Path, Path]) -> None:
+def test_the_drain_is_bounded(harness: Harness, stepped_engine: tuple[Engine, Path, Path]) -> None:
     """An answer that does not finish within BAKERY_DRAIN_TIMEOUT is cut; the worker still exits 0."""
-    engine_port, log, steps, _ = stepped_engine
-    reports = ReportServer(pubkey_pem)
-    try:
-        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log,
-                              BAKERY_DRAIN_TIMEOUT="1")
-        stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
-        assert stream.next_event()
-        os.kill(served.worker.popen.pid, signal.SIGTERM)
-        assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
-        assert "drain time over (1 s, BAKERY_DRAIN_TIMEOUT): 1 request(s) still in flight are cut" in \
-            served.worker.text
-        stream.close()
-        (steps / "go-all").touch()
-    finally:
-        reports.close()
+    engine, steps, _ = stepped_engine
+    served = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_DRAIN_TIMEOUT="1")
+    stream = EventStream(served.port, ROUTE, envelope(held_payload()), timeout=30)
+    assert stream.next_event()
+    os.kill(served.worker.popen.pid, signal.SIGTERM)
+    assert served.worker.wait_exit(15) == 0, served.worker.text[-3000:]
+    assert "drain time over (1 s, BAKERY_DRAIN_TIMEOUT): 1 request(s) still in flight are cut" in \
+        served.worker.text
+    stream.close()
+    (steps / "go-all").touch()
 
 
 @pytest.mark.slow
-def test_a_bad_drain_time_stops_the_worker_with_exit_2(tmp_path: Path, worker_python: Path, procs: list[Proc]) -> None:
-    port = free_port_pair()
-    worker = start_worker(tmp_path, worker_env_for("vllm", worker_python, tmp_path / "state", port,
-                                                   "http://127.0.0.1:9", BAKERY_DRAIN_TIMEOUT="8s"), procs)
+def test_a_bad_drain_time_stops_the_worker_with_exit_2(harness: Harness) -> None:
+    worker = harness.worker("vllm", reports="http://127.0.0.1:9", BAKERY_DRAIN_TIMEOUT="8s").worker
     assert worker.wait_exit(30) == 2
     lines = [line for line in worker.text.splitlines() if line.startswith("bakery-worker: error:")]
     assert lines == [f"bakery-worker: error: {drain.load({drain.DRAIN_VAR: '8s'})[1][0]}"], worker.text
@@ -170,10 +145,9 @@ def test_a_bad_drain_time_stops_the_worker_with_exit_2(tmp_path: Path, worker_py
 
 
 @pytest.fixture
-def run_dir() -> Iterator[Path]:
+def run_dir(harness: Harness) -> Path:
     # Short: supervisord's unix socket path must fit in 108 bytes (pytest's tmp_path may not).
-    with tempfile.TemporaryDirectory(prefix="bk-drain-", dir="/tmp") as run:
-        yield Path(run)
+    return harness.short_dir("bk-drain-")
 
 
 def boot_env(run_dir: Path, worker_python: Path, engine_port: int, port: int, report_url: str,
@@ -196,30 +170,27 @@ def boot_env(run_dir: Path, worker_python: Path, engine_port: int, port: int, re
 
 
 @pytest.mark.slow
-def test_the_entry_point_drains_the_worker_then_stops_the_engine(run_dir: Path, worker_python: Path,
-                                                                 pubkey_pem: str) -> None:
+def test_the_entry_point_drains_the_worker_then_stops_the_engine(harness: Harness, run_dir: Path) -> None:
+    """The entry point (supervisord running engine and worker), not start_server.sh: so not
+    harness.worker, but a process the harness still stops."""
     steps, record = run_dir / "steps", run_dir / "record.jsonl"
     steps.mkdir()
     engine_port, port = free_port(), free_port_pair()
-    reports = ReportServer(pubkey_pem)
-    env = boot_env(run_dir, worker_python, engine_port, port, reports.url, STANDIN_STEP_DIR=str(steps),
+    reports = harness.reports
+    env = boot_env(run_dir, harness.worker_python, engine_port, port, reports.url, STANDIN_STEP_DIR=str(steps),
                    STANDIN_STREAM_RECORD=str(record), STANDIN_REPLY_TOKENS=str(TOKENS))
-    boot = Proc([str(worker_python), str(ENTRYPOINT)], run_dir / "out", env=env)
-    try:
-        reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0, timeout=90)
-        stream = EventStream(port, ROUTE, envelope(held_payload()), timeout=30)
-        assert stream.status == 200 and stream.next_event()
-        boot.popen.send_signal(signal.SIGTERM)
-        boot.wait_for("draining, 1 request(s) in flight")
-        status, body, headers = post(port)
-        assert status == 503 and "retry-after" in headers, (status, body)
-        rest = finish(stream, steps)
-        stream.close()
-        assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
-        assert boot.wait_exit(30) == 0, boot.text[-3000:]
-    finally:
-        boot.stop()
-        reports.close()
+    boot = harness.start([str(harness.worker_python), str(ENTRYPOINT)], run_dir / "out", env=env)
+    reports.wait_loaded(timeout=90)
+    stream = EventStream(port, ROUTE, envelope(held_payload()), timeout=30)
+    assert stream.status == 200 and stream.next_event()
+    boot.popen.send_signal(signal.SIGTERM)
+    boot.wait_for("draining, 1 request(s) in flight")
+    status, body, headers = post(port)
+    assert status == 503 and "retry-after" in headers, (status, body)
+    rest = finish(stream, steps)
+    stream.close()
+    assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
+    assert boot.wait_exit(30) == 0, boot.text[-3000:]
     assert wait_record(record, HELD_PROMPT)["outcome"] == "complete"
     out = boot.text
     # supervisord stopped the worker (after its drain) before it stopped the engine.

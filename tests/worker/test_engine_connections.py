@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bakery.paths import REPO_ROOT
-from tests.worker.helpers import Proc, ReportServer
-from tests.worker.serving import MODEL, EventStream, envelope, start_served, start_standin, wait_record
+from tests.worker.helpers import Harness
+from tests.worker.serving import MODEL, EventStream, envelope, wait_record
 
 pytestmark = pytest.mark.slow
 ACCESS = re.compile(r'127\.0\.0\.1:(\d+) - "POST (/v1/\S+) HTTP/1\.1" (\d+)')
@@ -51,58 +51,48 @@ def engine_ports(log: Path, path: str) -> list[int]:
     return [int(m.group(1)) for m in ACCESS.finditer(log.read_text()) if m.group(2) == path]
 
 
-def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(
-        tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc]) -> None:
-    steps, record = tmp_path / "steps", tmp_path / "record.jsonl"
+def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(harness: Harness) -> None:
+    steps, record = harness.tmp / "steps", harness.tmp / "record.jsonl"
     steps.mkdir()
-    reports = ReportServer(pubkey_pem)
-    try:
-        engine_port, log = start_standin("vllm", tmp_path, procs, STANDIN_STEP_DIR=str(steps),
-                                         STANDIN_STREAM_RECORD=str(record), STANDIN_REPLY_TOKENS="20")
-        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log)
-        route = "/v1/chat/completions"
-        before = len(engine_ports(log, route))
-        for idx in range(3):
-            one_answer(served.port, route, idx + 1)
-        ports = engine_ports(log, route)[before:]
-        assert len(ports) == 3 and len(set(ports)) == 1, ports
+    engine = harness.standin("vllm", STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
+                             STANDIN_REPLY_TOKENS="20")
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL), engine.log
+    route = "/v1/chat/completions"
+    before = len(engine_ports(log, route))
+    for idx in range(3):
+        one_answer(served.port, route, idx + 1)
+    ports = engine_ports(log, route)[before:]
+    assert len(ports) == 3 and len(set(ports)) == 1, ports
 
-        # A stream the client leaves: its engine connection is closed, never handed to the next request.
-        held = EventStream(served.port, route, envelope(
-            {"model": MODEL, "messages": [{"role": "user", "content": "left"}], "stream": True}, 9))
-        assert held.status == 200 and held.next_event()
-        held.close()
-        served.worker.wait_for("cancelled (client disconnect)")
-        (steps / "go-all").touch()
-        assert wait_record(record, "left")["outcome"] in {"BrokenPipeError", "ConnectionResetError"}
-        stream = EventStream(served.port, route, envelope(
-            {"model": MODEL, "messages": [{"role": "user", "content": "after"}], "max_tokens": 2}, 10))
-        assert stream.status == 200
-        stream.rest()
-        stream.close()
-        cut, after = engine_ports(log, route)[-2:]
-        assert cut != after and after not in ports, (ports, cut, after)
-    finally:
-        reports.close()
+    # A stream the client leaves: its engine connection is closed, never handed to the next request.
+    held = EventStream(served.port, route, envelope(
+        {"model": MODEL, "messages": [{"role": "user", "content": "left"}], "stream": True}, 9))
+    assert held.status == 200 and held.next_event()
+    held.close()
+    served.worker.wait_for("cancelled (client disconnect)")
+    (steps / "go-all").touch()
+    assert wait_record(record, "left")["outcome"] in {"BrokenPipeError", "ConnectionResetError"}
+    stream = EventStream(served.port, route, envelope(
+        {"model": MODEL, "messages": [{"role": "user", "content": "after"}], "max_tokens": 2}, 10))
+    assert stream.status == 200
+    stream.rest()
+    stream.close()
+    cut, after = engine_ports(log, route)[-2:]
+    assert cut != after and after not in ports, (ports, cut, after)
 
 
-def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(
-        tmp_path: Path, worker_python: Path, pubkey_pem: str, procs: list[Proc]) -> None:
+def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(harness: Harness) -> None:
     keepalive = engine_keepalive()
     assert keepalive <= ENGINES_KEEPALIVE - MARGIN, f"ENGINE_KEEPALIVE {keepalive} s is too close to the engines' 5 s"
-    reports = ReportServer(pubkey_pem)
-    try:
-        engine_port, log = start_standin("vllm", tmp_path, procs, STANDIN_REPLY_TOKENS="2")
-        served = start_served("vllm", tmp_path, procs, reports, worker_python, engine_port, log)
-        route = "/v1/chat/completions"
-        before = len(engine_ports(log, route))
-        one_answer(served.port, route, 1)
-        time.sleep(keepalive - MARGIN)
-        one_answer(served.port, route, 2)  # idle for less than the keep-alive: the same connection
-        time.sleep(keepalive + 0.5)
-        one_answer(served.port, route, 3)  # idle for longer: a new one, before the engine would drop it
-        first, reused, fresh = engine_ports(log, route)[before:]
-        assert reused == first, (first, reused)
-        assert fresh != first, (first, fresh)
-    finally:
-        reports.close()
+    engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL), engine.log
+    route = "/v1/chat/completions"
+    before = len(engine_ports(log, route))
+    one_answer(served.port, route, 1)
+    time.sleep(keepalive - MARGIN)
+    one_answer(served.port, route, 2)  # idle for less than the keep-alive: the same connection
+    time.sleep(keepalive + 0.5)
+    one_answer(served.port, route, 3)  # idle for longer: a new one, before the engine would drop it
+    first, reused, fresh = engine_ports(log, route)[before:]
+    assert reused == first, (first, reused)
+    assert fresh != first, (first, fresh)

@@ -23,19 +23,7 @@ from pathlib import Path
 import pytest
 
 from bakery.host import downloads as worker_env
-from tests.worker.helpers import (
-    HERE,
-    SDK_READY,
-    WORKER_DIR,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    post_enveloped,
-    start_standin,
-    start_worker,
-    worker_env_for,
-)
+from tests.worker.helpers import HERE, SDK_READY, WORKER_DIR, Harness, post_enveloped
 
 pytestmark = pytest.mark.slow
 PROBE = HERE / "import_probe.py"
@@ -111,17 +99,12 @@ def test_probe_notices_a_missing_dependency(worker_venv: Path, blocked: str) -> 
     assert "ImportError" in result.stderr
 
 
-def test_worker_path_runs_in_the_lean_venv(lean_venv: tuple[str, Path], tmp_path: Path, report_server: ReportServer,
-                                           procs: list[Proc]) -> None:
+def test_worker_path_runs_in_the_lean_venv(lean_venv: tuple[str, Path], harness: Harness) -> None:
     """Benchmark, both routes, status reports and error handling: no ImportError anywhere."""
     _, venv = lean_venv
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "vllm.log"
-    start_standin("vllm", engine_port, log, procs)
-    env = worker_env_for("vllm", venv / "bin" / "python", tmp_path / "state", port, report_server.url,
-                         MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
-                         MODEL_NAME="standin-model")
-    worker = start_worker(tmp_path, env, procs)
+    engine = harness.standin("vllm")
+    served = harness.worker("vllm", engine, python=venv / "bin" / "python", MODEL_NAME="standin-model")
+    worker, port, log, report_server = served.worker, served.port, engine.log, harness.reports
     worker.wait_for(SDK_READY, timeout=60)
     for route, payload in (("/v1/completions", {"prompt": "hi", "max_tokens": 4}),
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):

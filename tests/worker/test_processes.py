@@ -15,12 +15,9 @@ from tests.worker.helpers import (
     SDK_READY,
     START_SERVER,
     WORKER_DIR,
-    Proc,
-    ReportServer,
+    Harness,
     free_port,
     free_port_pair,
-    start_standin,
-    start_worker,
     worker_env_for,
 )
 
@@ -133,14 +130,11 @@ def test_missing_platform_variable_exits_with_one_line(missing: str, tmp_path: P
 
 
 @pytest.mark.slow
-def test_bad_numbers_warn_once_and_run(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                                       procs: list[Proc]) -> None:
+def test_bad_numbers_warn_once_and_run(harness: Harness) -> None:
     """Bad numbers: one warning per variable naming it; the worker runs with the defaults."""
-    port = free_port_pair()
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url,
-                         BENCHMARK_RUNS="abc", BENCHMARK_CONCURRENCY="0", BENCHMARK_MAX_TOKENS="-5",
-                         READINESS_TIMEOUT="inf", HEALTHCHECK_PROBE_TIMEOUT="nan", MODEL_LOG=str(tmp_path / "e.log"))
-    worker = start_worker(tmp_path, env, procs)
+    worker = harness.worker("vllm", BENCHMARK_RUNS="abc", BENCHMARK_CONCURRENCY="0", BENCHMARK_MAX_TOKENS="-5",
+                            READINESS_TIMEOUT="inf", HEALTHCHECK_PROBE_TIMEOUT="nan",
+                            MODEL_LOG=str(harness.tmp / "e.log")).worker
     out = worker.wait_for("beginning log tracking")
     for var in ("BENCHMARK_RUNS", "BENCHMARK_CONCURRENCY", "BENCHMARK_MAX_TOKENS", "READINESS_TIMEOUT",
                 "HEALTHCHECK_PROBE_TIMEOUT"):
@@ -149,12 +143,9 @@ def test_bad_numbers_warn_once_and_run(tmp_path: Path, worker_python: Path, repo
 
 
 @pytest.mark.slow
-def test_empty_model_log_uses_the_engine_default(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                                                 procs: list[Proc]) -> None:
+def test_empty_model_log_uses_the_engine_default(harness: Harness) -> None:
     """MODEL_LOG='' counts as unset (upstream waited forever for a file named '')."""
-    port = free_port_pair()
-    env = worker_env_for("sglang", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG="")
-    worker = start_worker(tmp_path, env, procs)
+    worker = harness.worker("sglang", MODEL_LOG="").worker
     out = worker.wait_for("beginning log tracking")
     assert "log=/var/log/portal/sglang.log " in out
 
@@ -176,14 +167,11 @@ def test_busy_port_exits(which: str, tmp_path: Path, worker_python: Path) -> Non
 
 
 @pytest.mark.slow
-def test_two_workers_on_one_port_only_one_runs(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                                                procs: list[Proc]) -> None:
+def test_two_workers_on_one_port_only_one_runs(harness: Harness) -> None:
     """Two workers started together on one port (the upstream double launch): exactly one runs."""
-    port = free_port_pair()
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url,
-                         MODEL_LOG=str(tmp_path / "e.log"))
-    first = start_worker(tmp_path, env, procs, name="first")
-    second = start_worker(tmp_path, env, procs, name="second")
+    port, log = free_port_pair(), str(harness.tmp / "e.log")
+    first = harness.worker("vllm", port=port, name="first", MODEL_LOG=log).worker
+    second = harness.worker("vllm", port=port, name="second", MODEL_LOG=log).worker
     winners, losers = [], []
     for proc in (first, second):
         try:
@@ -211,30 +199,24 @@ def test_sdk_launch_failure_exits(tmp_path: Path, worker_python: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_sdk_without_readiness_runs_in_log_mode(tmp_path: Path, worker_python: Path,
-                                                     report_server: ReportServer, procs: list[Proc]) -> None:
+def test_real_sdk_without_readiness_runs_in_log_mode(harness: Harness, worker_python: Path) -> None:
     """vastai 1.9.1 has no readiness settings: READINESS=healthcheck is reported ignored, once."""
     check = subprocess.run([str(worker_python), "-c",
                             "import inspect, vastai; print(sorted(inspect.signature(vastai.WorkerConfig).parameters))"],
                            capture_output=True, text=True, check=True)
     assert "readiness" not in check.stdout
-    port = free_port_pair()
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url,
-                         READINESS="healthcheck", MODEL_LOG=str(tmp_path / "e.log"))
-    out = start_worker(tmp_path, env, procs).wait_for("beginning log tracking")
+    worker = harness.worker("vllm", READINESS="healthcheck", MODEL_LOG=str(harness.tmp / "e.log")).worker
+    out = worker.wait_for("beginning log tracking")
     assert out.count("READINESS=healthcheck ignored") == 1
     assert "readiness: logs" in out
 
 
 @pytest.mark.slow
-def test_demo_client(tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc]) -> None:
+def test_demo_client(harness: Harness) -> None:
     """client.py (host python, stdlib) sends a completion and a chat through the worker; 1 on failure."""
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "vllm.log"
-    start_standin("vllm", engine_port, log, procs)
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", VLLM_MODEL="standin-model")
-    start_worker(tmp_path, env, procs).wait_for(SDK_READY, timeout=60)
+    served = harness.worker("vllm", harness.standin("vllm"), VLLM_MODEL="standin-model")
+    served.worker.wait_for(SDK_READY, timeout=60)
+    port = served.port
     for extra in ([], ["--stream"]):
         result = subprocess.run([sys.executable, str(CLIENT), f"http://127.0.0.1:{port}", "--max-tokens", "8", *extra],
                                 capture_output=True, text=True, timeout=60, check=False, cwd=REPO)

@@ -22,18 +22,7 @@ from workers.openai import core
 from workers.vllm.worker import DEFAULTS as VLLM
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
-from tests.worker.helpers import (
-    SDK_READY,
-    WORKER_DIR,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    post_enveloped,
-    start_standin,
-    start_worker,
-    worker_env_for,
-)
+from tests.worker.helpers import SDK_READY, WORKER_DIR, Harness, post_enveloped
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
             "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
@@ -279,17 +268,11 @@ def _request_lines(out: str, reqnum: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("log_requests", [None, "false", "true"])
-def test_real_sdk_lines(log_requests: str | None, tmp_path: Path, worker_python: Path,
-                        report_server: ReportServer, procs: list[Proc]) -> None:
+def test_real_sdk_lines(log_requests: str | None, harness: Harness) -> None:
     """The real SDK behind start_server.sh: without the variable (or false) no request prints its four
     lines, and readiness, benchmark, status-report and access lines all stay; true keeps all four."""
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "vllm.log"
-    start_standin("vllm", engine_port, log, procs)
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", VLLM_MODEL="standin-model",
-                         **{VAR: log_requests})
-    worker = start_worker(tmp_path, env, procs)
+    served = harness.worker("vllm", harness.standin("vllm"), VLLM_MODEL="standin-model", **{VAR: log_requests})
+    worker, port, report_server = served.worker, served.port, harness.reports
     worker.wait_for(SDK_READY, timeout=60)
     for reqnum in (501, 502, 503):
         status, body, _ = post_enveloped(port, "/v1/chat/completions",

@@ -11,7 +11,6 @@ one does (the stand-in records it).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,19 +19,7 @@ from typing import Any
 import pytest
 from workers.openai import core, routes
 
-from tests.worker.helpers import (
-    SDK_READY,
-    Proc,
-    ReportServer,
-    SigningKey,
-    free_port,
-    free_port_pair,
-    make_signing_key,
-    post_enveloped,
-    start_standin,
-    start_worker,
-    worker_env_for,
-)
+from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey, make_signing_key, post_enveloped
 
 pytestmark = pytest.mark.slow
 BODY_LIMIT = 1024 * 1024  # above every benchmark body (the largest, a 30 s clip, is 640 KB), small to send
@@ -68,35 +55,23 @@ def body_for(route: str, marker: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Iterator[Guarded]:
-    tmp = tmp_path_factory.mktemp("routes-guarded")
     key = make_signing_key(worker_python)
-    reports = ReportServer(key.pem)
-    procs: list[Proc] = []
-    try:
-        engine_port, port = free_port(), free_port_pair()
-        log, record = tmp / "vllm.log", tmp / "engine.jsonl"
-        os.environ["STANDIN_RECORD"] = str(record)  # start_standin passes os.environ on
-        try:
-            start_standin("vllm", engine_port, log, procs, load_seconds=ENGINE_LOAD_SECONDS)
-        finally:
-            del os.environ["STANDIN_RECORD"]
-        env = worker_env_for("vllm", worker_python, tmp / "state", port, reports.url, UNSECURED=None,
-                             MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
-                             VLLM_MODEL="standin-model", OPENAI_ROUTES=",".join(routes.ROUTES),
-                             BAKERY_MAX_BODY_BYTES=str(BODY_LIMIT), OPENAI_MAX_UPLOAD_BYTES="600000")
-        worker = start_worker(tmp, env, procs)
+    # The report server serves this module's signing key (the requests are signed with it).
+    with Harness(tmp_path_factory.mktemp("routes-guarded"), worker_python, key.pem) as harness:
+        record = harness.tmp / "engine.jsonl"
+        engine = harness.standin("vllm", load_seconds=ENGINE_LOAD_SECONDS, STANDIN_RECORD=str(record))
+        served = harness.worker("vllm", engine, UNSECURED=None, VLLM_MODEL="standin-model",
+                                OPENAI_ROUTES=",".join(routes.ROUTES), BAKERY_MAX_BODY_BYTES=str(BODY_LIMIT),
+                                OPENAI_MAX_UPLOAD_BYTES="600000")
+        worker, port, reports = served.worker, served.port, harness.reports
         worker.wait_for("HTTP servers started", timeout=60)
         running = Guarded(port, f"http://127.0.0.1:{port}", key, record, worker, {})
         for route in routes.ROUTES:
             running.early[route] = post_enveloped(port, route, body_for(route, f"early-{route}"),
                                                   auth=running.auth())
         worker.wait_for(SDK_READY, timeout=90)
-        reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0)
+        reports.wait_loaded()
         yield running
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        reports.close()
 
 
 def error_of(result: tuple[int, bytes, str], status: int) -> Any:

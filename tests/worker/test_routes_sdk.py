@@ -12,7 +12,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import shlex
 import wave
 from pathlib import Path
@@ -24,16 +23,12 @@ from tests.worker.helpers import (
     REPO,
     SDK_READY,
     WORKER_DIR,
+    Harness,
     Proc,
     ReportServer,
     SigningKey,
-    free_port,
-    free_port_pair,
     make_signing_key,
     post_enveloped,
-    start_standin,
-    start_worker,
-    worker_env_for,
 )
 
 ALL_ROUTES = ",".join([
@@ -71,23 +66,14 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def vllm_worker(tmp_path: Path, worker_python: Path, report_server: ReportServer,
-                procs: list[Proc]) -> tuple[int, Path, Proc]:
+def vllm_worker(harness: Harness) -> tuple[int, Path, Proc]:
     """A worker serving all 14 routes, benchmarking transcriptions, on a recording vLLM stand-in."""
-    engine_port, port = free_port(), free_port_pair()
-    log, record = tmp_path / "vllm.log", tmp_path / "engine.jsonl"
-    os.environ["STANDIN_RECORD"] = str(record)  # start_standin passes os.environ on
-    try:
-        start_standin("vllm", engine_port, log, procs)
-    finally:
-        del os.environ["STANDIN_RECORD"]
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}", VLLM_MODEL="standin-model",
-                         OPENAI_ROUTES=ALL_ROUTES, BENCHMARK_ROUTE="/v1/audio/transcriptions",
-                         OPENAI_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT))
-    worker = start_worker(tmp_path, env, procs)
-    worker.wait_for(SDK_READY, timeout=90)
-    return port, record, worker
+    record = harness.tmp / "engine.jsonl"
+    served = harness.worker("vllm", harness.standin("vllm", STANDIN_RECORD=str(record)), VLLM_MODEL="standin-model",
+                            OPENAI_ROUTES=ALL_ROUTES, BENCHMARK_ROUTE="/v1/audio/transcriptions",
+                            OPENAI_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT))
+    served.worker.wait_for(SDK_READY, timeout=90)
+    return served.port, record, served.worker
 
 
 @pytest.mark.slow
@@ -220,16 +206,11 @@ def test_workloads_reach_the_autoscaler_in_benchmark_units(vllm_worker: tuple[in
 
 
 @pytest.mark.slow
-def test_sglang_benchmarks_embeddings_and_answers_404_for_what_it_lacks(
-        tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc]) -> None:
-    engine_port, port = free_port(), free_port_pair()
-    log = tmp_path / "sglang.log"
-    start_standin("sglang", engine_port, log, procs)
-    env = worker_env_for("sglang", worker_python, tmp_path / "state", port, report_server.url, MODEL_LOG=str(log),
-                         MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
-                         OPENAI_ROUTES="/v1/embeddings,/v1/audio/speech", BENCHMARK_ROUTE="/v1/embeddings")
-    worker = start_worker(tmp_path, env, procs)
-    worker.wait_for(SDK_READY, timeout=90)
+def test_sglang_benchmarks_embeddings_and_answers_404_for_what_it_lacks(harness: Harness) -> None:
+    served = harness.worker("sglang", harness.standin("sglang"), OPENAI_ROUTES="/v1/embeddings,/v1/audio/speech",
+                            BENCHMARK_ROUTE="/v1/embeddings")
+    served.worker.wait_for(SDK_READY, timeout=90)
+    port = served.port
     status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": "x"})
     assert status == 200 and len(json.loads(body)["data"][0]["embedding"]) == 16
     assert post_enveloped(port, "/v1/audio/speech", {"input": "x"})[0] == 404  # the engine's own answer
@@ -237,11 +218,8 @@ def test_sglang_benchmarks_embeddings_and_answers_404_for_what_it_lacks(
 
 
 @pytest.mark.slow
-def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
-        tmp_path: Path, worker_python: Path, report_server: ReportServer, procs: list[Proc]) -> None:
-    env = worker_env_for("vllm", worker_python, tmp_path / "state", free_port_pair(), report_server.url,
-                         OPENAI_ROUTES="/v1/embeddings")
-    worker = start_worker(tmp_path, env, procs)
+def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(harness: Harness) -> None:
+    worker = harness.worker("vllm", OPENAI_ROUTES="/v1/embeddings").worker
     assert worker.wait_exit() == 2
     assert ("bakery-worker: error: BENCHMARK_ROUTE=/v1/completions is not served: OPENAI_ROUTES leaves it out. "
             "Add /v1/completions to OPENAI_ROUTES") in worker.text
@@ -250,42 +228,36 @@ def test_a_benchmark_route_left_out_stops_the_worker_with_one_line(
 
 @pytest.mark.slow
 def test_real_llama_cpp_becomes_ready_on_embeddings_and_serves_them_signed(
-        tmp_path: Path, worker_python: Path, procs: list[Proc], llama_python: Path, smollm2: Path) -> None:
+        harness: Harness, worker_python: Path, llama_python: Path, smollm2: Path) -> None:
     """The real llama.cpp started as the llama image starts it (the local base's /app/llama-server,
     images/llama.yaml's command, then LLAMA_ARGS split), benchmarked on /v1/embeddings, secured:
     signed requests are served, an unsigned one is 401, and the autoscaler hears the worker is loaded."""
     key: SigningKey = make_signing_key(worker_python)
-    reports = ReportServer(key.pem)
-    try:
-        engine_port, port = free_port(), free_port_pair()
-        log = tmp_path / "llama.log"
-        command = [str(llama_python), str(LLAMA_SERVER), "-m", str(smollm2), "--host", "127.0.0.1",
-                   "--port", str(engine_port), "-t", "1", *shlex.split(EMBEDDING_LLAMA_ARGS)]
-        procs.append(Proc(command, log))
-        env = worker_env_for("llama", worker_python, tmp_path / "state", port, reports.url, UNSECURED=None,
-                             MODEL_LOG=str(log), MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}",
-                             LLAMA_MODEL="smollm2", OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions",
-                             BENCHMARK_ROUTE="/v1/embeddings")
-        worker = start_worker(tmp_path, env, procs)
-        worker.wait_for(SDK_READY, timeout=180)
-        assert "bakery-worker: serving: /v1/embeddings, /v1/chat/completions" in worker.text
-        assert "bakery-worker: benchmarking: /v1/embeddings." in worker.text
-        status_report = reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0,
-                                            timeout=60)
-        assert status_report["error_msg"] == ""
-        own = f"http://127.0.0.1:{port}"
-        signed = {"signature": key.sign(own), "url": own}
-        status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": ["hello world", "goodbye"]}, auth=signed)
-        assert status == 200, body[:300]
-        data = json.loads(body)["data"]
-        assert [d["index"] for d in data] == [0, 1]
-        assert len(data[0]["embedding"]) == 576 and data[0]["embedding"] != data[1]["embedding"]  # SmolLM2's width
-        status, body, _ = post_enveloped(port, "/v1/chat/completions", auth=signed,
-                                         payload={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
-        assert post_enveloped(port, "/v1/embeddings", {"input": "x"}, auth={"url": own})[0] == 401  # unsigned
-    finally:
-        reports.close()
+    reports = harness.report_server(key.pem)  # serves this test's own key: the requests are signed with it
+    slot = harness.slot("llama")
+    command = [str(llama_python), str(LLAMA_SERVER), "-m", str(smollm2), "--host", "127.0.0.1",
+               "--port", str(slot.port), "-t", "1", *shlex.split(EMBEDDING_LLAMA_ARGS)]
+    served = harness.worker("llama", harness.engine(command, slot), reports, UNSECURED=None,
+                            LLAMA_MODEL="smollm2", OPENAI_ROUTES="/v1/embeddings,/v1/chat/completions",
+                            BENCHMARK_ROUTE="/v1/embeddings")
+    worker, port = served.worker, served.port
+    worker.wait_for(SDK_READY, timeout=180)
+    assert "bakery-worker: serving: /v1/embeddings, /v1/chat/completions" in worker.text
+    assert "bakery-worker: benchmarking: /v1/embeddings." in worker.text
+    status_report = reports.wait_status(lambda s: s.get("loadtime", 0) > 0 and s.get("max_perf", 0) > 0,
+                                        timeout=60)
+    assert status_report["error_msg"] == ""
+    own = f"http://127.0.0.1:{port}"
+    signed = {"signature": key.sign(own), "url": own}
+    status, body, _ = post_enveloped(port, "/v1/embeddings", {"input": ["hello world", "goodbye"]}, auth=signed)
+    assert status == 200, body[:300]
+    data = json.loads(body)["data"]
+    assert [d["index"] for d in data] == [0, 1]
+    assert len(data[0]["embedding"]) == 576 and data[0]["embedding"] != data[1]["embedding"]  # SmolLM2's width
+    status, body, _ = post_enveloped(port, "/v1/chat/completions", auth=signed,
+                                     payload={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
+    assert post_enveloped(port, "/v1/embeddings", {"input": "x"}, auth={"url": own})[0] == 401  # unsigned
 
 
 @pytest.mark.slow

@@ -20,19 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.worker.helpers import Proc, ReportServer, free_port, start_llama
-from tests.worker.serving import (
-    MODEL,
-    EventStream,
-    Served,
-    direct_events,
-    envelope,
-    normalise,
-    start_served,
-    start_standin,
-    stream_records,
-    wait_record,
-)
+from tests.worker.helpers import Harness, Served
+from tests.worker.serving import MODEL, EventStream, direct_events, envelope, normalise, stream_records, wait_record
 
 pytestmark = pytest.mark.slow
 TOKENS = 5
@@ -68,28 +57,21 @@ def payload(route: str, prompt: str, tokens: int = TOKENS) -> dict[str, Any]:
     return body
 
 
-def start_stepped(engine: str, tmp: Path, procs: list[Proc], reports: ReportServer, worker_python: Path) -> Stepped:
-    steps, record = tmp / "steps", tmp / "record.jsonl"
+def start_stepped(harness: Harness, engine: str) -> Stepped:
+    steps, record = harness.tmp / "steps", harness.tmp / "record.jsonl"
     steps.mkdir()
-    engine_port, log = start_standin(engine, tmp, procs, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
-                                     STANDIN_REPLY_TOKENS="40")
+    standin = harness.standin(engine, STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
+                              STANDIN_REPLY_TOKENS="40")
     backend = "sglang" if engine == "sglang" else "vllm"
-    return Stepped(start_served(backend, tmp, procs, reports, worker_python, engine_port, log), steps, record)
+    return Stepped(harness.serve(backend, standin, MODEL_NAME=MODEL), steps, record)
 
 
 @pytest.fixture(scope="module", params=["vllm", "sglang"])
 def stepped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, worker_python: Path,
             pubkey_pem: str) -> Iterator[Stepped]:
     """One worker per stand-in engine, in front of it in step mode."""
-    procs: list[Proc] = []
-    reports = ReportServer(pubkey_pem)
-    try:
-        yield start_stepped(request.param, tmp_path_factory.mktemp(f"stream-{request.param}"), procs, reports,
-                            worker_python)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        reports.close()
+    with Harness(tmp_path_factory.mktemp(f"stream-{request.param}"), worker_python, pubkey_pem) as harness:
+        yield start_stepped(harness, request.param)
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
@@ -126,64 +108,52 @@ def test_each_event_reaches_the_client_before_the_engine_writes_the_next(stepped
     assert len(events) == TOKENS + (4 if route == "/v1/chat/completions" else 3)
 
 
-def test_a_client_that_goes_away_stops_the_generation(tmp_path: Path, worker_python: Path, pubkey_pem: str,
-                                                      procs: list[Proc]) -> None:
+def test_a_client_that_goes_away_stops_the_generation(harness: Harness) -> None:
     """The client drops the connection holding event 2 of 40; once released, the engine's next writes
     fail (the worker closed its engine connection); SIGTERM then finds no request in flight."""
-    reports = ReportServer(pubkey_pem)
-    try:
-        stepped = start_stepped("vllm", tmp_path, procs, reports, worker_python)
-        route = "/v1/completions"
-        stream = EventStream(stepped.served.port, route, envelope(payload(route, "goes away", 40)),
-                             timeout=READ_TIMEOUT)
-        assert stream.status == 200
-        assert stream.next_event()
-        (stepped.steps / "go-1").touch()
-        assert stream.next_event()
-        stream.close()
-        # Once the SDK has seen the client go (its own line), release every later event at once: the
-        # engine writes until a write fails. Had the worker kept its engine connection open, all 43
-        # events would be written.
-        stepped.served.worker.wait_for("cancelled (client disconnect)", timeout=READ_TIMEOUT)
-        (stepped.steps / "go-all").touch()
-        ended = wait_record(stepped.record, "goes away")
-        assert ended["stream"] == route and ended["outcome"] in {"BrokenPipeError", "ConnectionResetError"}, ended
-        assert ended["events"] < TOKENS + 40, ended
-        worker = stepped.served.worker
-        os.kill(worker.popen.pid, signal.SIGTERM)  # start_server.sh exec'd the worker: this pid is it
-        assert worker.wait_exit(15) == 0, worker.text[-3000:]
-        assert "draining, 0 request(s) in flight" in worker.text, worker.text[-3000:]
-    finally:
-        reports.close()
+    stepped = start_stepped(harness, "vllm")
+    route = "/v1/completions"
+    stream = EventStream(stepped.served.port, route, envelope(payload(route, "goes away", 40)),
+                         timeout=READ_TIMEOUT)
+    assert stream.status == 200
+    assert stream.next_event()
+    (stepped.steps / "go-1").touch()
+    assert stream.next_event()
+    stream.close()
+    # Once the SDK has seen the client go (its own line), release every later event at once: the
+    # engine writes until a write fails. Had the worker kept its engine connection open, all 43
+    # events would be written.
+    stepped.served.worker.wait_for("cancelled (client disconnect)", timeout=READ_TIMEOUT)
+    (stepped.steps / "go-all").touch()
+    ended = wait_record(stepped.record, "goes away")
+    assert ended["stream"] == route and ended["outcome"] in {"BrokenPipeError", "ConnectionResetError"}, ended
+    assert ended["events"] < TOKENS + 40, ended
+    worker = stepped.served.worker
+    os.kill(worker.popen.pid, signal.SIGTERM)  # start_server.sh exec'd the worker: this pid is it
+    assert worker.wait_exit(15) == 0, worker.text[-3000:]
+    assert "draining, 0 request(s) in flight" in worker.text, worker.text[-3000:]
     assert len(stream_records(stepped.record)) == 1
 
 
-def test_real_llama_streams_event_by_event_as_direct(tmp_path: Path, worker_python: Path, llama_python: Path,
-                                                     smollm2: Path, pubkey_pem: str, procs: list[Proc]) -> None:
+def test_real_llama_streams_event_by_event_as_direct(harness: Harness, llama_python: Path, smollm2: Path) -> None:
     """The real llama.cpp (greedy, so both answers are the same): through the worker, the same events as
     straight from the engine, one token per event, the usage chunk and [DONE] unchanged."""
-    reports = ReportServer(pubkey_pem)
-    try:
-        engine_port, log = free_port(), tmp_path / "llama.log"
-        start_llama(llama_python, smollm2, engine_port, log, procs)
-        served = start_served("llama", tmp_path, procs, reports, worker_python, engine_port, log,
-                              MODEL_NAME="smollm2")
-        for route in ("/v1/completions", "/v1/chat/completions"):
-            sent = {**payload(route, "Count from one to ten.", 24), "model": "smollm2", "temperature": 0,
-                    "seed": 1}
-            stream = EventStream(served.port, route, envelope(sent), timeout=120)
-            assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
-            events = []
-            while event := stream.next_event():
-                events.append(event)
-            stream.close()
-            direct = direct_events(engine_port, route, sent)
-            ours, theirs = [_comparable(e) for e in events], [_comparable(e) for e in direct]
-            assert ours == theirs
-            assert ours[-1] == "[DONE]" and ours[-2]["usage"]["completion_tokens"] == 24, ours[-2:]
-            assert len(events) >= 24  # one event per token (at least), not one blob
-    finally:
-        reports.close()
+    served = harness.serve("llama", harness.llama(llama_python, smollm2), MODEL_NAME="smollm2")
+    engine_port = served.engine_port
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        sent = {**payload(route, "Count from one to ten.", 24), "model": "smollm2", "temperature": 0,
+                "seed": 1}
+        stream = EventStream(served.port, route, envelope(sent), timeout=120)
+        assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        events = []
+        while event := stream.next_event():
+            events.append(event)
+        stream.close()
+        direct = direct_events(engine_port, route, sent)
+        ours, theirs = [_comparable(e) for e in events], [_comparable(e) for e in direct]
+        assert ours == theirs
+        assert ours[-1] == "[DONE]" and ours[-2]["usage"]["completion_tokens"] == 24, ours[-2:]
+        assert len(events) >= 24  # one event per token (at least), not one blob
 
 
 def _comparable(event: bytes) -> Any:
