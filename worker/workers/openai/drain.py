@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import signal
 import sys
@@ -34,9 +33,12 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from workers.openai import config
+
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
-DEFAULT_DRAIN_SECONDS = 8.0  # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
-MAX_DRAIN_SECONDS = 3600.0
+# Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
+DEFAULT_DRAIN_SECONDS = config.BY_NAME[DRAIN_VAR].default
+MAX_DRAIN_SECONDS = config.MAX_DRAIN_SECONDS
 RANK = -1  # outermost: a refused request must not reach any other middleware
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
@@ -50,21 +52,11 @@ log = logging.getLogger("bakery.drain")
 def load(env: Mapping[str, str]) -> tuple[float, list[str]]:
     """BAKERY_DRAIN_TIMEOUT in seconds (unset or blank: the default), and one error line if it is bad.
 
-    A number from 0 (no drain: stop at once) to 3600; text, a negative number, inf or nan is refused.
+    A number from 0 (no drain: stop at once) to 3600; text, a negative number, inf or nan is refused
+    (config.VARIABLES; the entry point reads it by the same row).
     """
-    raw = env.get(DRAIN_VAR)
-    if raw is None or not raw.strip():
-        return DEFAULT_DRAIN_SECONDS, []
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 <= value <= MAX_DRAIN_SECONDS:
-        return DEFAULT_DRAIN_SECONDS, [
-            f"{DRAIN_VAR}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g}: set it to how "
-            f"long requests in flight may run after SIGTERM (default {DEFAULT_DRAIN_SECONDS:g}; keep it below "
-            "the stop grace, docker stop -t)"]
-    return value, []
+    errors: list[str] = []
+    return config.read(env, DRAIN_VAR, errors=errors), errors
 
 
 def describe(seconds: float) -> str:

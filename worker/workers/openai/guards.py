@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from workers.openai import config
+
 ACTIVE = (
     "own_url",
     "sessions",
@@ -113,70 +115,30 @@ class Limits:
     pubkey_fetch_timeout: float = 10.0
 
 
-# field -> (variable, kind, what it is)
-VARIABLES: dict[str, tuple[str, str, str]] = {
-    "max_body_bytes": ("BAKERY_MAX_BODY_BYTES", "int", "largest request body in bytes"),
-    "body_timeout": ("BAKERY_BODY_TIMEOUT", "seconds", "time to receive a request body"),
-    "header_timeout": ("BAKERY_HEADER_TIMEOUT", "seconds", "time to receive request headers (and keep-alive idle)"),
-    "engine_connect_timeout": ("BAKERY_ENGINE_CONNECT_TIMEOUT", "seconds", "time to connect to the engine"),
-    "engine_idle_timeout": ("BAKERY_ENGINE_IDLE_TIMEOUT", "seconds", "longest silence of the engine while answering"),
-    "retry_after": ("BAKERY_RETRY_AFTER", "int", "Retry-After seconds of a 503 before the model is loaded"),
-    "sessions": ("BAKERY_SESSIONS", "bool", "whether /session/* routes are served"),
-    "session_max_lifetime": ("BAKERY_SESSION_MAX_LIFETIME", "seconds", "largest session lifetime"),
-    "max_sessions": ("BAKERY_MAX_SESSIONS", "int", "open sessions at once"),
-    "pubkey_backoff_max": ("BAKERY_PUBKEY_BACKOFF_MAX", "seconds", "longest wait between public-key fetches"),
-    "pubkey_fetch_timeout": ("BAKERY_PUBKEY_FETCH_TIMEOUT", "seconds", "time for one public-key fetch"),
+# field -> (variable, kind, what it is): each row is the variable's row of config.VARIABLES.
+LIMIT_VARS: dict[str, str] = {
+    "max_body_bytes": "BAKERY_MAX_BODY_BYTES",
+    "body_timeout": "BAKERY_BODY_TIMEOUT",
+    "header_timeout": "BAKERY_HEADER_TIMEOUT",
+    "engine_connect_timeout": "BAKERY_ENGINE_CONNECT_TIMEOUT",
+    "engine_idle_timeout": "BAKERY_ENGINE_IDLE_TIMEOUT",
+    "retry_after": "BAKERY_RETRY_AFTER",
+    "sessions": "BAKERY_SESSIONS",
+    "session_max_lifetime": "BAKERY_SESSION_MAX_LIFETIME",
+    "max_sessions": "BAKERY_MAX_SESSIONS",
+    "pubkey_backoff_max": "BAKERY_PUBKEY_BACKOFF_MAX",
+    "pubkey_fetch_timeout": "BAKERY_PUBKEY_FETCH_TIMEOUT",
 }
-TRUE_WORDS = ("true", "1", "yes")
-FALSE_WORDS = ("false", "0", "no")
-
-
-def parse_bool(name: str, raw: str | None) -> bool | None:
-    """true/1/yes or false/0/no (any case, blanks around); None when unset or blank.
-
-    Anything else raises ValueError with one line naming the variable.
-    """
-    if raw is None or not raw.strip():
-        return None
-    word = raw.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise ValueError(f"{name}={raw!r} is neither true nor false: set {name}=true or false "
-                     f"(true/1/yes, false/0/no) or leave it unset")
-
-
-def _parse_one(name: str, kind: str, raw: str, default: Any) -> Any:
-    text = raw.strip()
-    if kind == "bool":
-        return parse_bool(name, raw)
-    if kind == "int":
-        if not text.isdigit() or int(text) <= 0:
-            raise ValueError(f"{name}={raw!r} is not a positive whole number (default {default})")
-        return int(text)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={raw!r} is not a positive number of seconds (default {default:g})")
-    return value
+VARIABLES: dict[str, tuple[str, str, str]] = {
+    attr: (name, config.BY_NAME[name].kind, config.BY_NAME[name].doc) for attr, name in LIMIT_VARS.items()}
+TRUE_WORDS, FALSE_WORDS = config.TRUE_WORDS, config.FALSE_WORDS
+parse_bool = config.parse_bool
 
 
 def load_limits(env: Mapping[str, str]) -> tuple[Limits, list[str]]:
     """The Limits from `env` (unset or blank: the default), and one error line per bad variable."""
-    values: dict[str, Any] = {}
     errors: list[str] = []
-    defaults = Limits()
-    for attr, (name, kind, _) in VARIABLES.items():
-        raw = env.get(name)
-        if raw is None or not raw.strip():
-            continue
-        try:
-            values[attr] = _parse_one(name, kind, raw, getattr(defaults, attr))
-        except ValueError as exc:
-            errors.append(str(exc))
+    values = {attr: config.read(env, name, errors=errors) for attr, name in LIMIT_VARS.items()}
     return Limits(**values), errors
 
 
