@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import config, drain, guards, routes, serving, uploads
+from workers.openai import config, drain, guards, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -63,13 +63,13 @@ PER_REQUEST_LINE = re.compile(
     rf"(?:Starting {_REQUEST_ID}|{_REQUEST_ID} succeeded|Ending {_REQUEST_ID})\Z|posting to endpoint: '"
 )
 # The SDK modules that log those lines, each through its module-level `log`.
-SDK_REQUEST_LOGGERS = ("vastai.serverless.server.lib.metrics", "vastai.serverless.server.lib.backend")
+SDK_REQUEST_LOGGERS = (sdk_seam.METRICS_MODULE, sdk_seam.BACKEND_MODULE)
 # aiohttp's access logger: one INFO line per request; only the 2xx ones are dropped (see AccessLines).
 ACCESS_LOGGER = "aiohttp.access"
 # Access lines of these paths are always kept, 2xx too.
 AUDITED_PATHS = ("/session", "/pyworker")
 # Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
-SDK_AUTH_DATA = ("vastai.serverless.server.lib.data_types", "AuthData")
+SDK_AUTH_DATA = (sdk_seam.DATA_TYPES_MODULE, sdk_seam.hook("auth_signature").attr)
 TRUE_WORDS, FALSE_WORDS = config.TRUE_WORDS, config.FALSE_WORDS
 
 EXIT_CONFIG = 2  # bad or missing environment
@@ -522,7 +522,7 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str],
     return config, note
 
 
-SDK_HANDLER_FACTORY = ("vastai.serverless.server.worker", "EndpointHandlerFactory")
+SDK_HANDLER_FACTORY = (sdk_seam.WORKER_MODULE, sdk_seam.hook("handler_factory").attr)
 
 
 def endpoint_handlers(config: Any) -> dict[str, Any] | None:
@@ -774,6 +774,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     worker = sdk.Worker(sdk_config)
     if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
         _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
+    gone = sdk_seam.missing(worker)
+    if gone:  # every hook checked before any is used: a changed SDK stops the worker, naming what is gone
+        _fail(sdk_seam.describe_missing(gone), EXIT_SDK)
     handlers = endpoint_handlers(sdk_config)
     if handlers is None:
         _warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "

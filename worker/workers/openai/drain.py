@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from workers.openai import config
+from workers.openai import config, sdk_seam
 
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
 # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
@@ -43,8 +43,8 @@ RANK = -1  # outermost: a refused request must not reach any other middleware
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
 FLUSH_FLOOR = 1.0  # seconds the outcome reports get even when the requests in flight used the whole drain
-# The SDK's send of queued request outcomes (vastai 1.9.1 Metrics, name-mangled private method).
-SEND_OUTCOMES = "_Metrics__send_delete_requests_and_reset"
+# The SDK's send of queued request outcomes (sdk_seam hook "send_outcomes").
+SEND_OUTCOMES = sdk_seam.hook("send_outcomes").attr
 
 log = logging.getLogger("bakery.drain")
 
@@ -176,13 +176,7 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
     startup); call before worker.run()."""
     from aiohttp import web
 
-    from workers.openai.guards import GuardError
-
-    metrics = getattr(ctx.backend, "metrics", None)
-    send = getattr(metrics, SEND_OUTCOMES, None)
-    if send is None:
-        raise GuardError(f"the SDK's Metrics has no {SEND_OUTCOMES} any more (vastai changed): update "
-                         "worker/workers/openai/drain.py")
+    send = sdk_seam.find(sdk_seam.find(ctx.backend, "metrics", "drain.py"), "send_outcomes", "drain.py")
     drain = Drain(seconds, retry_after, tuple(ctx.routes), send_outcomes=send)
 
     @web.middleware

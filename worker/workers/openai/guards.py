@@ -1,9 +1,10 @@
 """Guards the worker puts around the vastai SDK's HTTP server (port 3000): what the SDK leaves open.
 
 Each guard is named in ACTIVE and installed by install(); removing a name disables that guard and
-nothing else. The guards and the SDK internals they hook (vastai 1.9.1; every hook is pinned by
-tests/worker/test_guard_hooks.py, so an SDK upgrade that moves one fails a test, and install() stops
-the worker with exit 4 instead of running unguarded):
+nothing else. The guards and the SDK internals they hook (vastai 1.9.1). Every hook is a row of
+sdk_seam.HOOKS and is reached through sdk_seam's functions only (this module names no SDK private);
+the table is checked at start (core.run exits 4 naming a missing hook instead of running unguarded)
+and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 
 - own_url: a signature counts only when auth_data.url is this worker's own URL (the `url` of its
   status reports, `Metrics.url`) -> 401. Hook: the instance's `_Backend__check_signature`.
@@ -36,19 +37,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import json
 import logging
 import math
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from workers.openai import config
+from workers.openai import config, sdk_seam
+from workers.openai.sdk_seam import GuardError
 
 ACTIVE = (
     "own_url",
@@ -63,8 +63,8 @@ ACTIVE = (
     "outcomes",
 )
 
-SERVER_MODULE = "vastai.serverless.server.lib.server"
-DATA_TYPES_MODULE = "vastai.serverless.server.lib.data_types"
+SERVER_MODULE = sdk_seam.SERVER_MODULE
+DATA_TYPES_MODULE = sdk_seam.DATA_TYPES_MODULE
 # The SDK's AuthData fields, and the JSON types the worker accepts for each (what the SDK can use
 # without crashing: it max()es reqnum, hashes request_idx, b64decodes signature, json.dumps url).
 # `()` is any value: the SDK does not use cost or endpoint of a plain request, so they are not judged.
@@ -89,10 +89,6 @@ ENGINE_KEEPALIVE = 4.0
 _QUERY = re.compile(r"(?<=[^\s?])\?[^\s\"'<>]+")
 
 log = logging.getLogger("bakery.guards")
-
-
-class GuardError(Exception):
-    """A guard cannot be installed (an unknown name, or an SDK hook that is not there)."""
 
 
 # --------------------------------------------------------------------------- limits (environment)
@@ -279,13 +275,9 @@ RANK = {"outcomes": -2, "self_update": 0, "limits_body": 1, "sessions": 2, "not_
 _OUTCOME: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("bakery_outcome", default=None)
 
 
-def _hook(obj: Any, name: str, guard: str) -> Any:
-    """`obj.name`, or GuardError naming the guard that needs it (a changed SDK)."""
-    try:
-        return getattr(obj, name)
-    except AttributeError:
-        raise GuardError(f"guard {guard}: the SDK has no {type(obj).__name__}.{name} any more "
-                         "(vastai changed): update worker/workers/openai/guards.py") from None
+def _hook(obj: Any, key: str, guard: str) -> Any:
+    """The SDK hook `key` (sdk_seam.HOOKS) on `obj`, or GuardError naming the guard that needs it."""
+    return sdk_seam.find(obj, key, f"guard {guard}")
 
 
 def _error(web: Any, status: int, message: str, **headers: str) -> Any:
@@ -307,8 +299,8 @@ async def _read_json(request: Any) -> tuple[Any, str | None]:
 
 def _install_own_url(ctx: Context, web: Any) -> None:
     backend = ctx.backend
-    own = _hook(_hook(backend, "metrics", "own_url"), "url", "own_url")
-    original = _hook(backend, "_Backend__check_signature", "own_url")
+    own = _hook(_hook(backend, "metrics", "own_url"), "own_url", "own_url")
+    original = _hook(backend, "check_signature", "own_url")
     refused = [0]
 
     def check_signature(auth_data: Any) -> bool:
@@ -320,13 +312,12 @@ def _install_own_url(ctx: Context, web: Any) -> None:
             return False
         return original(auth_data)
 
-    backend._Backend__check_signature = check_signature
+    sdk_seam.put(backend, "check_signature", check_signature)
 
 
 def _install_sessions(ctx: Context, web: Any) -> None:
-    data_types = sys.modules.get(DATA_TYPES_MODULE)
-    auth_cls = _hook(data_types, "AuthData", "sessions")
-    _hook(ctx.backend, "_Backend__check_signature", "sessions")  # called per request (own_url may wrap it)
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard sessions")
+    _hook(ctx.backend, "check_signature", "sessions")  # called per request (own_url may wrap it)
     backend, limits, hosts = ctx.backend, ctx.limits, report_hosts(ctx.report_addr)
 
     @web.middleware
@@ -352,7 +343,7 @@ def _install_sessions(ctx: Context, web: Any) -> None:
                 error = "session_id must be a string"
         if error is not None:
             return _error(web, 422, error)
-        if not backend._Backend__check_signature(auth_cls.from_json_msg(auth)):
+        if not sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth)):
             return _error(web, 401, "the session request is not signed for this worker")
         return await handler(request)
 
@@ -373,25 +364,23 @@ def _install_limits(ctx: Context, web: Any) -> None:
     import aiohttp
 
     backend, limits, routes = ctx.backend, ctx.limits, ctx.routes
-    if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
-        raise GuardError("guard limits: the SDK's Backend.session is no longer a cached_property (vastai "
-                         "changed): update worker/workers/openai/guards.py")
-    call_backend = _hook(backend, "_Backend__call_backend", "limits")
+    sdk_seam.require_session_property(backend, "guard limits")
+    call_backend = _hook(backend, "call_backend", "limits")
     ctx.app_kwargs["client_max_size"] = limits.max_body_bytes
     # aiohttp closes a connection whose handler waits for a request longer than this: at the start
     # of a connection (headers not complete) and between requests.
     ctx.runner_kwargs["keepalive_timeout"] = limits.header_timeout
 
     async def engine_session(app: Any) -> None:
-        if "session" in backend.__dict__:
+        if sdk_seam.has_engine_session(backend):
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.engine_connect_timeout,
                                         sock_read=limits.engine_idle_timeout)
         # As the SDK makes it, plus the timeouts, and with engine connections kept alive between
         # requests (the SDK's force_close opened one per request: see ENGINE_KEEPALIVE).
-        backend.__dict__["session"] = aiohttp.ClientSession(
+        sdk_seam.set_engine_session(backend, aiohttp.ClientSession(
             backend.model_server_url, timeout=timeout,
-            connector=aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE, enable_cleanup_closed=True))
+            connector=aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE, enable_cleanup_closed=True)))
 
     async def call_with_timeouts(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -407,7 +396,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
                 outcome["timeout"] = type(exc).__name__
             raise
 
-    backend._Backend__call_backend = call_with_timeouts
+    sdk_seam.put(backend, "call_backend", call_with_timeouts)
     ctx.on_startup.append(engine_session)
 
     @web.middleware
@@ -455,8 +444,7 @@ async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:
-    system = _hook(_hook(ctx.backend, "metrics", "not_ready"), "system_metrics", "not_ready")
-    _hook(system, "model_is_loaded", "not_ready")
+    _hook(_hook(ctx.backend, "metrics", "not_ready"), "model_is_loaded", "not_ready")
     metrics, routes, retry = ctx.backend.metrics, ctx.routes, str(ctx.limits.retry_after)
 
     @web.middleware
@@ -498,16 +486,17 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     from Crypto.PublicKey import RSA
 
     backend, limits = ctx.backend, ctx.limits
-    _hook(backend, "_fetch_pubkey", "pubkey_retry")
-    fetched = _hook(backend, "_Backend__pubkey_fetch_complete", "pubkey_retry")
+    _hook(backend, "fetch_pubkey", "pubkey_retry")
+    _hook(backend, "pubkey", "pubkey_retry")
+    fetched = _hook(backend, "pubkey_fetched", "pubkey_retry")
     metrics = _hook(backend, "metrics", "pubkey_retry")
-    report_loaded = _hook(metrics, "_model_loaded", "pubkey_retry")
+    report_loaded = _hook(metrics, "model_loaded", "pubkey_retry")
     first = ctx.report_addr.split(",")[0].strip().rstrip("/")
     url = f"{first}/pubkey/"
     waiting: list[float] = []
 
     def model_loaded(max_throughput: float) -> None:
-        if backend._pubkey is None and not backend.unsecured:
+        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             if not waiting:
                 log.warning("the model is ready; it is reported loaded once the public key from %s loads", url)
             waiting.append(max_throughput)
@@ -537,14 +526,14 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
                                 redact_query(str(exc)) or type(exc).__name__, limits.pubkey_backoff_max)
                 await asyncio.sleep(delay)
                 continue
-            backend._pubkey = key
+            sdk_seam.put(backend, "pubkey", key)
             log.warning("public key loaded from %s (try %d, after %.1f s)", url, tries, time.monotonic() - started)
             if waiting:
                 report_loaded(max_throughput=waiting[-1])
             return
 
-    metrics._model_loaded = model_loaded
-    backend._fetch_pubkey = fetch_until_loaded
+    sdk_seam.put(metrics, "model_loaded", model_loaded)
+    sdk_seam.put(backend, "fetch_pubkey", fetch_until_loaded)
 
 
 class QueryRedactor(logging.Filter):
@@ -587,14 +576,13 @@ _SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.Context
 
 
 def _install_outcomes(ctx: Context, web: Any) -> None:
-    data_types = sys.modules.get(DATA_TYPES_MODULE)
-    auth_cls = _hook(data_types, "AuthData", "outcomes")
-    metrics_cls = _hook(data_types, "RequestMetrics", "outcomes")
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard outcomes")
+    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard outcomes")
     backend = ctx.backend
     metrics = _hook(backend, "metrics", "outcomes")
-    reject = _hook(metrics, "_request_reject", "outcomes")
-    check = _hook(backend, "_Backend__check_signature", "outcomes")  # own_url's, when it is installed first
-    _hook(backend, "_pubkey", "outcomes")
+    reject = _hook(metrics, "request_reject", "outcomes")
+    check = _hook(backend, "check_signature", "outcomes")  # own_url's, when it is installed first
+    _hook(backend, "pubkey", "outcomes")
     routes, handlers = ctx.routes, ctx.handlers
 
     def check_signature(auth_data: Any) -> bool:
@@ -621,7 +609,7 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
 
     async def signed_envelope(request: Any) -> dict[str, Any] | None:
         """The request's envelope when it is signed for this worker, else None (nothing to trust)."""
-        if backend._pubkey is None and not backend.unsecured:
+        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             return None  # no key yet: no signature can be checked
         try:
             data, error = await _within(_read_json(request), REFUSAL_READ_SECONDS)
@@ -632,7 +620,7 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         auth = data.get("auth_data") if error is None and isinstance(data, dict) else None
         if not isinstance(auth, dict) or auth_error(auth, "auth_data"):
             return None
-        return data if backend._Backend__check_signature(auth_cls.from_json_msg(auth)) else None
+        return data if sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth)) else None
 
     @web.middleware
     async def outcomes(request: Any, handler: Any) -> Any:
@@ -653,8 +641,8 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         finally:
             _SIGNATURE.reset(token)
 
-    backend._Backend__check_signature = check_signature
-    metrics._request_reject = request_reject
+    sdk_seam.put(backend, "check_signature", check_signature)
+    sdk_seam.put(metrics, "request_reject", request_reject)
     ctx.middlewares.append((RANK["outcomes"], outcomes))
 
 
@@ -672,36 +660,7 @@ INSTALLERS: dict[str, Callable[[Context, Any], None]] = {
 }
 
 
-class WebShim:
-    """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
-    AppRunner and TCPSite also get what the guards contributed (middlewares, body limit, header
-    timeout, startup hooks, a listener's host)."""
-
-    def __init__(self, real: Any, ctx: Context):
-        self._real = real
-        self._ctx = ctx
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def Application(self, *args: Any, **kwargs: Any) -> Any:
-        ctx = self._ctx
-        kwargs.update(ctx.app_kwargs)
-        own = [mw for _, mw in sorted(ctx.middlewares, key=lambda item: item[0])]
-        kwargs["middlewares"] = [*own, *kwargs.get("middlewares", ())]
-        app = self._real.Application(*args, **kwargs)
-        for hook in ctx.on_startup:
-            app.on_startup.append(hook)
-        return app
-
-    def AppRunner(self, app: Any, **kwargs: Any) -> Any:
-        return self._real.AppRunner(app, **{**self._ctx.runner_kwargs, **kwargs})
-
-    def TCPSite(self, runner: Any, *args: Any, **kwargs: Any) -> Any:
-        host = self._ctx.site_hosts.get(kwargs.get("port"))  # type: ignore[arg-type]
-        if host is not None:
-            kwargs["host"] = host
-        return self._real.TCPSite(runner, *args, **kwargs)
+WebShim = sdk_seam.WebShim  # applies what the guards collected in their Context to the SDK's apps
 
 
 def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: int, report_addr: str,
@@ -717,15 +676,14 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     unknown = [name for name in names if name not in INSTALLERS]
     if unknown:
         raise GuardError(f"unknown guard(s) {', '.join(unknown)} in ACTIVE; known: {', '.join(INSTALLERS)}")
-    server = sys.modules.get(SERVER_MODULE)
-    web = getattr(server, "web", None)
-    if web is None:
-        raise GuardError(f"the SDK module {SERVER_MODULE} (or its `web`) is gone (vastai changed): "
-                         "update worker/workers/openai/guards.py")
-    real_web = web._real if isinstance(web, WebShim) else web
-    ctx = Context(backend=_hook(worker, "backend", "install"), limits=limits, routes=tuple(routes),
+    real_web = sdk_seam.real_web("install")
+    backend = getattr(worker, "backend", None)
+    if backend is None:
+        raise GuardError("install: the SDK's Worker has no backend any more (vastai changed): update "
+                         f"{sdk_seam.SEAM_FILE}")
+    ctx = Context(backend=backend, limits=limits, routes=tuple(routes),
                   http_port=http_port, report_addr=report_addr, handlers=dict(handlers or {}))
     for name in names:
         INSTALLERS[name](ctx, real_web)
-    server.web = WebShim(real_web, ctx)
+    sdk_seam.install_web(real_web, ctx)
     return ctx
