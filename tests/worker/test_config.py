@@ -22,6 +22,8 @@ NOT_THE_WORKER = {WORKERS / "openai" / "client.py"}
 # Upper-case names in the contract that are not variables the worker or its entry point reads, and why.
 NOT_VARIABLES = {
     "ACTIVE": "guards.py's tuple of guard names",
+    "VARIABLES": "config.py's table (config.VARIABLES)",
+    "HOOKS": "sdk_seam.py's table (sdk_seam.HOOKS)",
     "ENGINE_KEEPALIVE": "a constant of guards.py",
     "BENCHMARK_": "the prefix of the BENCHMARK_* variables",
     "ECHO_MODEL": "an example of the variable BAKERY_MODEL_VAR names",

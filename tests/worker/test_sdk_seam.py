@@ -186,3 +186,14 @@ core.run(DEFAULTS)
     hook: Any = sdk_seam.hook(key)
     assert hook.where in errors[0] and f"hook {key!r}" in errors[0] and "sdk_seam.py" in errors[0], errors
     assert all(user in errors[0] for user in hook.users), errors
+
+
+def test_the_front_imports_nothing_of_the_sdk() -> None:
+    """front.py (bakery's HTTP policy) takes what it needs as values and callables: no SDK module, not
+    even through the seam, and no SDK module's name."""
+    tree = ast.parse((WORKERS / "openai" / "front.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__" for name in imported), imported
+    assert not [node.value for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "vastai" in node.value]
