@@ -159,3 +159,37 @@ def test_the_snapshot_is_read_only() -> None:
     snapshot = config.snapshot()
     with pytest.raises(TypeError):
         snapshot["X"] = "1"  # type: ignore[index]
+
+
+def test_the_table_defaults_are_the_modules_defaults() -> None:
+    """One value per default: each row's default is the constant its owner module uses."""
+    from workers.openai import core, drain, guards, routes, uploads, workload
+
+    expected: dict[str, object] = {
+        "MODEL_SERVER_URL": core.DEFAULT_SERVER_URL, "MODEL_HEALTH_ENDPOINT": core.DEFAULT_HEALTH_ENDPOINT,
+        "BENCHMARK_MAX_TOKENS": core.DEFAULT_BENCHMARK_MAX_TOKENS, "READINESS": core.DEFAULT_READINESS,
+        "READINESS_TIMEOUT": core.DEFAULT_READINESS_TIMEOUT,
+        "HEALTHCHECK_PROBE_TIMEOUT": core.DEFAULT_HEALTHCHECK_PROBE_TIMEOUT,
+        "BENCHMARK_ROUTE": routes.DEFAULT_BENCHMARK_ROUTE, "BENCHMARK_EMBED_CHARS": workload.DEFAULT_EMBED_CHARS,
+        "OPENAI_MAX_UPLOAD_BYTES": uploads.DEFAULT_MAX_UPLOAD_BYTES,
+        "OPENAI_MAX_REQUEST_UPLOAD_BYTES": uploads.DEFAULT_MAX_REQUEST_UPLOAD_BYTES,
+        "BAKERY_DRAIN_TIMEOUT": drain.DEFAULT_DRAIN_SECONDS, "BAKERY_LOG_REQUESTS": False, "UNSECURED": False,
+        **{name: getattr(guards.Limits(), attr) for attr, name in guards.LIMIT_VARS.items()},
+    }
+    assert {name: config.BY_NAME[name].default for name in expected} == expected
+
+
+def test_the_documented_defaults_are_the_tables() -> None:
+    """`NAME=value` in the contract's knob, route, limit and drain lists is the row's default."""
+    section = ARCHITECTURE.read_text(encoding="utf-8").split("## Environment contract (worker)")[1]
+    knobs = section.split("Worker knobs")[1].split("\nServing (")[0]
+    shown = dict(re.findall(r"`([A-Z][A-Z0-9_]+)=([^`\s]+)`", knobs))
+    assert len(shown) >= 20, shown
+    for name, text in shown.items():
+        default = config.BY_NAME[name].default
+        if isinstance(default, bool):
+            assert text == str(default).lower(), name
+        elif isinstance(default, (int, float)):
+            assert float(text) == default, name
+        else:
+            assert text == default, name
