@@ -6,7 +6,7 @@ its server module builds its apps with, its backend module's `open_file`. Each s
 of HOOKS (what it is, what the worker does with it, why, the SDK version it was checked against),
 and this module is the only one under worker/workers/ that names a private SDK attribute
 (tests/worker/test_sdk_seam.py checks the source of the others). The others go through the functions
-here: `find` (the hook's value, or GuardError naming who needs it), `wrap` / `replace` / `get` /
+here: `find` (the hook's value, or GuardError naming who needs it), `wrap` / `put` / `get` /
 `put`, and a few named helpers (`check_signature`, `set_engine_session`, `install_web`, ...).
 
 `missing(worker)` checks every required hook against a real Worker at start; core.run() exits 4 naming
@@ -161,11 +161,6 @@ def wrap(obj: Any, key: str, who: str, make: Callable[[Any], Any]) -> Any:
     return inner
 
 
-def replace(obj: Any, key: str, who: str, value: Any) -> Any:
-    """Replace the hook on `obj` by `value` (checked to exist first); returns what it replaced."""
-    old = find(obj, key, who)
-    put(obj, key, value)
-    return old
 
 
 def module_hook(key: str, who: str) -> tuple[Any, Any]:
@@ -187,9 +182,6 @@ def replace_in_module(key: str, who: str, value: Any) -> Any:
     return old
 
 
-def module_value(key: str) -> Any:
-    """The module hook's value, or None when the module or the name is gone (an optional hook)."""
-    return getattr(sys.modules.get(BY_KEY[key].owner), BY_KEY[key].attr, None)
 
 
 # --------------------------------------------------------------------------- named uses
@@ -200,10 +192,6 @@ def check_signature(backend: Any, auth_data: Any) -> bool:
     return getattr(backend, BY_KEY["check_signature"].attr)(auth_data)
 
 
-def auth_data(auth: dict[str, Any], who: str) -> Any:
-    """The SDK's AuthData of a decoded auth_data object (its own from_json_msg)."""
-    _, cls = module_hook("auth_data", who)
-    return cls.from_json_msg(auth)
 
 
 def require_session_property(backend: Any, who: str) -> None:
