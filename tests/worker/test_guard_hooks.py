@@ -3,7 +3,9 @@
 tests/worker/guard_hooks_probe.py runs in the real worker venv (vastai as locked) and reports the
 facts; each test here pins one. An SDK upgrade that renames a hook, stops calling it, or starts doing
 what a guard does itself fails a test named after the guard, instead of leaving that guard as dead
-code. Also pinned: the SDK's own signature check covers only auth_data.url (what docs/security.md
+code. Every hook named here is a row of workers/openai/sdk_seam.py's table (the one module that may
+name an SDK private; tests/worker/test_sdk_seam.py checks the table against the locked SDK and a
+missing hook's exit 4). Also pinned: the SDK's own signature check covers only auth_data.url (what docs/security.md
 says a captured envelope can be replayed with), so a release that signs more is noticed.
 """
 
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import guards
+from workers.openai import guards, sdk_seam
 
 from tests.worker.helpers import HERE, WORKER_DIR
 
@@ -154,3 +156,14 @@ def test_outcomes_hooks(facts: dict[str, Any]) -> None:
     assert {"request_idx", "reqnum", "workload", "status", "entered_queue_at"} <= set(facts["request_metrics_fields"])
     assert facts["handler_factory"] is True
     assert facts["send_outcomes"] is True
+
+
+def test_the_hooks_pinned_here_are_rows_of_the_seam(facts: dict[str, Any]) -> None:
+    """What this file pins is what the seam's table declares (a hook here and not there is a reach
+    past the seam)."""
+    attrs = {hook.attr for hook in sdk_seam.HOOKS}
+    pinned = {"_Backend__check_signature", "_Backend__call_backend", "_fetch_pubkey", "_pubkey",
+              "_Backend__pubkey_fetch_complete", "_model_loaded", "_request_reject",
+              "_Metrics__send_delete_requests_and_reset", "session", "web", "url"}
+    assert pinned <= attrs, pinned - attrs
+    assert {f"backend.{sdk_seam.hook('check_signature').attr}"} == set(LAYERED)

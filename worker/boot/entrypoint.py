@@ -184,13 +184,15 @@ def _ini_path(path: Path | str) -> str:
 
 
 def drain_seconds() -> float:
-    """BAKERY_DRAIN_TIMEOUT, read by the worker's own rule (workers/openai/drain.py): the worker's
+    """BAKERY_DRAIN_TIMEOUT, read by the worker's own row and rule (workers/openai/config.py): the worker's
     stopwaitsecs must cover it."""
     if str(WORKER_DIR) not in sys.path:
         sys.path.insert(0, str(WORKER_DIR))
-    from workers.openai import drain
+    from workers.openai import config
 
-    seconds, errors = drain.load({drain.DRAIN_VAR: single_line(drain.DRAIN_VAR, os.environ.get(drain.DRAIN_VAR, ""))})
+    name = "BAKERY_DRAIN_TIMEOUT"
+    errors: list[str] = []
+    seconds = config.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
     if errors:
         raise BootError(errors[0])
     return seconds

@@ -17,7 +17,6 @@ import errno
 import fcntl
 import importlib
 import inspect
-import json
 import logging
 import math
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import drain, guards, routes, serving, uploads
+from workers.openai import config, drain, guards, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -64,15 +63,14 @@ PER_REQUEST_LINE = re.compile(
     rf"(?:Starting {_REQUEST_ID}|{_REQUEST_ID} succeeded|Ending {_REQUEST_ID})\Z|posting to endpoint: '"
 )
 # The SDK modules that log those lines, each through its module-level `log`.
-SDK_REQUEST_LOGGERS = ("vastai.serverless.server.lib.metrics", "vastai.serverless.server.lib.backend")
+SDK_REQUEST_LOGGERS = (sdk_seam.METRICS_MODULE, sdk_seam.BACKEND_MODULE)
 # aiohttp's access logger: one INFO line per request; only the 2xx ones are dropped (see AccessLines).
 ACCESS_LOGGER = "aiohttp.access"
 # Access lines of these paths are always kept, 2xx too.
 AUDITED_PATHS = ("/session", "/pyworker")
 # Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
-SDK_AUTH_DATA = ("vastai.serverless.server.lib.data_types", "AuthData")
-TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
-FALSE_WORDS = ("false", "0", "no")
+SDK_AUTH_DATA = (sdk_seam.DATA_TYPES_MODULE, sdk_seam.hook("auth_signature").attr)
+TRUE_WORDS, FALSE_WORDS = config.TRUE_WORDS, config.FALSE_WORDS
 
 EXIT_CONFIG = 2  # bad or missing environment
 EXIT_PORT_BUSY = 3  # the worker's port is taken (another worker or another process)
@@ -144,90 +142,32 @@ class Settings:
 # --------------------------------------------------------------------------- environment rules
 
 
-def _value(env: Mapping[str, str], name: str) -> str | None:
-    """The variable's value, or None when it is unset or blank (blank counts as unset)."""
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return raw
-
-
-def parse_lines(raw: str) -> list[str]:
-    """Split a log-line list: a JSON array of strings (the baked form) or newline-separated text.
-
-    Each item is stripped and empty items are dropped.
-    """
-    text = raw.strip()
-    items: list[str] | None = None
-    if text.startswith("["):
-        try:
-            decoded = json.loads(text)
-        except ValueError:
-            decoded = None
-        if isinstance(decoded, list) and all(isinstance(x, str) for x in decoded):
-            items = decoded
-    if items is None:
-        items = raw.split("\n")  # \n only: \x85 or \u2028 inside a log line is text, not a break
-    return [s for item in items if (s := item.strip())]
+_value = config.value  # the raw text, or None when unset or blank (blank counts as unset)
+parse_lines = config.parse_lines
 
 
 def env_lines(
     env: Mapping[str, str], name: str, default: tuple[str, ...], warnings: list[str]
 ) -> list[str]:
     """A log-line list from `name`; the default when unset, blank or holding no line."""
-    raw = _value(env, name)
-    if raw is None:
-        return list(default)
-    lines = parse_lines(raw)
-    if not lines:
-        warnings.append(f"{name}={raw!r} holds no log line; using the default {list(default)!r}")
-        return list(default)
-    return lines
+    return config.parse(env, name, "lines", "warn", list(default), warnings)
 
 
 def env_positive_int(env: Mapping[str, str], name: str, default: int, warnings: list[str]) -> int:
     """A positive integer from `name`; anything else (text, 0, negative, fraction) → default."""
-    raw = _value(env, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if value <= 0:
-        warnings.append(f"{name}={raw!r} is not a positive integer; using the default {default}")
-        return default
-    return value
+    return config.parse(env, name, "int", "warn", default, warnings)
 
 
 def env_positive_float(
     env: Mapping[str, str], name: str, default: float, warnings: list[str]
 ) -> float:
     """A positive finite number from `name`; text, 0, negative, inf or nan → default."""
-    raw = _value(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        warnings.append(f"{name}={raw!r} is not a positive finite number; using the default {default:g}")
-        return default
-    return value
+    return config.parse(env, name, "number", "warn", default, warnings)
 
 
 def env_bool(env: Mapping[str, str], name: str, default: bool, warnings: list[str]) -> bool:
     """A boolean from `name`: true/1/yes or false/0/no (any case); anything else → default, one warning."""
-    raw = _value(env, name)
-    if raw is None:
-        return default
-    word = raw.strip().lower()
-    if word in TRUE_WORDS or word in FALSE_WORDS:
-        return word in TRUE_WORDS
-    warnings.append(f"{name}={raw!r} is neither true nor false; using the default "
-                    f"{'true' if default else 'false'}")
-    return default
+    return config.parse(env, name, "bool", "warn", default, warnings)
 
 
 def model_id_vars(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -323,10 +263,10 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     """Resolve every setting from `defaults` and `env`. Raises ConfigError on unusable input."""
     warnings: list[str] = []
     worker_port, http_port = check_platform_env(env)
-    try:
-        unsecured = bool(guards.parse_bool("UNSECURED", env.get("UNSECURED")))
-    except ValueError as exc:
-        raise ConfigError([str(exc)]) from None
+    errors: list[str] = []
+    unsecured = bool(config.read(env, "UNSECURED", errors=errors))
+    if errors:
+        raise ConfigError(errors)
     try:
         route_settings = routes.load_route_settings(env)
     except routes.RouteConfigError as exc:
@@ -582,7 +522,7 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str],
     return config, note
 
 
-SDK_HANDLER_FACTORY = ("vastai.serverless.server.worker", "EndpointHandlerFactory")
+SDK_HANDLER_FACTORY = (sdk_seam.WORKER_MODULE, sdk_seam.hook("handler_factory").attr)
 
 
 def endpoint_handlers(config: Any) -> dict[str, Any] | None:
@@ -769,26 +709,48 @@ def describe(settings: Settings, signature_cached: bool = True) -> str:
     )
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The worker's whole configuration, resolved once from the environment by load_config()."""
+
+    settings: Settings
+    limits: guards.Limits  # reconciled with the upload limits (reconcile_limits)
+    drain_seconds: float
+    report_addr: str  # REPORT_ADDR as given (stripped): the sessions guard's callback hosts, the key's URL
+    limit_notes: tuple[str, ...]
+    warnings: tuple[str, ...]  # the settings' and the limits', in the order they are printed
+    model_id_vars: tuple[str, ...]  # where the model id was looked for (for the warning without one)
+
+
+def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
+    """Everything the worker reads from `env`, checked at once. Raises ConfigError (exit 2) with one
+    line per variable that cannot run a worker; the rest are warnings in the result."""
+    settings = load_settings(defaults, env)
+    limits, errors = guards.load_limits(env)
+    drain_seconds, drain_errors = drain.load(env)
+    errors += drain_errors
+    if errors:
+        raise ConfigError(errors)
+    limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
+    return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
+                        report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
+                        warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env))
+
+
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     """Resolve the environment, claim the port, build the SDK's WorkerConfig and run the Worker."""
-    env = os.environ if env is None else env
     try:
-        settings = load_settings(defaults, env)
-        limits, errors = guards.load_limits(env)
-        drain_seconds, drain_errors = drain.load(env)
-        errors += drain_errors
-        if errors:
-            raise ConfigError(errors)
+        cfg = load_config(defaults, config.snapshot() if env is None else env)
     except ConfigError as exc:
         for line in exc.lines:
             print(f"bakery-worker: error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None
-    limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
+    settings, limits = cfg.settings, cfg.limits
     _say(banner(settings))
-    for warning in [*settings.warnings, *limit_warnings]:
+    for warning in cfg.warnings:
         _warn(warning)
     if settings.model_id is None:
-        _warn(f"no model id ({', '.join(model_id_vars(env))} all unset): benchmark requests omit 'model'")
+        _warn(f"no model id ({', '.join(cfg.model_id_vars)} all unset): benchmark requests omit 'model'")
     words = load_words()
     if not words:
         _fail(f"the benchmark word list {WORDS_FILE} is empty", EXIT_CONFIG)
@@ -797,7 +759,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not signature_cached:
         _warn(f"{'.'.join(SDK_AUTH_DATA)} not found (a changed SDK): its signature is not cached, "
               "requests are served as the SDK serves them")
-    config, note = build_worker_config(settings, sdk, words, limits.max_sessions)
+    sdk_config, note = build_worker_config(settings, sdk, words, limits.max_sessions)
     _say(describe(settings, signature_cached))
     for line in routes.startup_lines(settings.routes):
         _say(line)
@@ -808,23 +770,26 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         _fail(f"{exc}: stop the other listener or set WORKER_PORT", EXIT_PORT_BUSY)
     # The SDK reads UNSECURED itself (distutils' strtobool: a blank or " true" crashes it, "on" or "t"
     # passes): it gets the worker's strict reading, and is checked to hold it.
-    os.environ["UNSECURED"] = "true" if settings.unsecured else "false"
-    worker = sdk.Worker(config)
+    config.export("UNSECURED", "true" if settings.unsecured else "false")
+    worker = sdk.Worker(sdk_config)
     if getattr(worker.backend, "unsecured", None) is not settings.unsecured:
         _fail(f"the SDK did not take UNSECURED={settings.unsecured} (vastai changed how it reads it)", EXIT_SDK)
-    handlers = endpoint_handlers(config)
+    gone = sdk_seam.missing(worker)
+    if gone:  # every hook checked before any is used: a changed SDK stops the worker, naming what is gone
+        _fail(sdk_seam.describe_missing(gone), EXIT_SDK)
+    handlers = endpoint_handlers(sdk_config)
     if handlers is None:
         _warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "
               "reported with no load")
     try:
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
-                             report_addr=env.get("REPORT_ADDR", "").strip(), handlers=handlers)
-        serving.install(ctx, drain_seconds, limits.retry_after)  # stream release, prompt report, drain
+                             report_addr=cfg.report_addr, handlers=handlers)
+        serving.install(ctx, cfg.drain_seconds, limits.retry_after)  # stream release, prompt report, drain
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
-    _say(drain.describe(drain_seconds))
-    for line in limit_notes:
+    _say(drain.describe(cfg.drain_seconds))
+    for line in cfg.limit_notes:
         _say(f"bakery-worker: {line}")
     if settings.unsecured:
         _say("bakery-worker: UNSECURED=true: requests are served without a signature (offline use only)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import signal
 import sys
@@ -34,15 +33,18 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from workers.openai import config, sdk_seam
+
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
-DEFAULT_DRAIN_SECONDS = 8.0  # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
-MAX_DRAIN_SECONDS = 3600.0
+# Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
+DEFAULT_DRAIN_SECONDS = config.BY_NAME[DRAIN_VAR].default
+MAX_DRAIN_SECONDS = config.MAX_DRAIN_SECONDS
 RANK = -1  # outermost: a refused request must not reach any other middleware
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
 FLUSH_FLOOR = 1.0  # seconds the outcome reports get even when the requests in flight used the whole drain
-# The SDK's send of queued request outcomes (vastai 1.9.1 Metrics, name-mangled private method).
-SEND_OUTCOMES = "_Metrics__send_delete_requests_and_reset"
+# The SDK's send of queued request outcomes (sdk_seam hook "send_outcomes").
+SEND_OUTCOMES = sdk_seam.hook("send_outcomes").attr
 
 log = logging.getLogger("bakery.drain")
 
@@ -50,21 +52,11 @@ log = logging.getLogger("bakery.drain")
 def load(env: Mapping[str, str]) -> tuple[float, list[str]]:
     """BAKERY_DRAIN_TIMEOUT in seconds (unset or blank: the default), and one error line if it is bad.
 
-    A number from 0 (no drain: stop at once) to 3600; text, a negative number, inf or nan is refused.
+    A number from 0 (no drain: stop at once) to 3600; text, a negative number, inf or nan is refused
+    (config.VARIABLES; the entry point reads it by the same row).
     """
-    raw = env.get(DRAIN_VAR)
-    if raw is None or not raw.strip():
-        return DEFAULT_DRAIN_SECONDS, []
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 <= value <= MAX_DRAIN_SECONDS:
-        return DEFAULT_DRAIN_SECONDS, [
-            f"{DRAIN_VAR}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g}: set it to how "
-            f"long requests in flight may run after SIGTERM (default {DEFAULT_DRAIN_SECONDS:g}; keep it below "
-            "the stop grace, docker stop -t)"]
-    return value, []
+    errors: list[str] = []
+    return config.read(env, DRAIN_VAR, errors=errors), errors
 
 
 def describe(seconds: float) -> str:
@@ -184,13 +176,7 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
     startup); call before worker.run()."""
     from aiohttp import web
 
-    from workers.openai.guards import GuardError
-
-    metrics = getattr(ctx.backend, "metrics", None)
-    send = getattr(metrics, SEND_OUTCOMES, None)
-    if send is None:
-        raise GuardError(f"the SDK's Metrics has no {SEND_OUTCOMES} any more (vastai changed): update "
-                         "worker/workers/openai/drain.py")
+    send = sdk_seam.find(sdk_seam.find(ctx.backend, "metrics", "drain.py"), "send_outcomes", "drain.py")
     drain = Drain(seconds, retry_after, tuple(ctx.routes), send_outcomes=send)
 
     @web.middleware

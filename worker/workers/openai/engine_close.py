@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from workers.openai.guards import GuardError
+from workers.openai import sdk_seam
 
-HOOK = "_Backend__call_backend"
+HOOK = sdk_seam.hook("call_backend").attr  # the SDK's engine call (sdk_seam hook "call_backend")
 
 
 def _close(response: Any) -> None:
@@ -31,17 +31,15 @@ def _close(response: Any) -> None:
 def install(ctx: Any) -> None:
     """Wrap the backend's engine call (after the guards wrapped theirs) so each engine response is
     closed when its task ends."""
-    backend = ctx.backend
-    inner = getattr(backend, HOOK, None)
-    if inner is None:
-        raise GuardError(f"the SDK has no Backend.{HOOK} any more (vastai changed): update "
-                           "worker/workers/openai/engine_close.py")
+    def release(inner: Any) -> Any:
+        async def call_and_release(*args: Any, **kwargs: Any) -> Any:
+            response = await inner(*args, **kwargs)
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(lambda _task: _close(response))
+            return response
 
-    async def call_and_release(*args: Any, **kwargs: Any) -> Any:
-        response = await inner(*args, **kwargs)
-        task = asyncio.current_task()
-        if task is not None:
-            task.add_done_callback(lambda _task: _close(response))
-        return response
+        return call_and_release
 
-    setattr(backend, HOOK, call_and_release)
+    sdk_seam.wrap(ctx.backend, "call_backend", "engine_close.py", release)
+

@@ -9,10 +9,10 @@ Outside an image the variables are missing: it exits 2 with one line naming what
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 
+from workers.openai import config
 from workers.openai.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, parse_lines, run
 
 REQUIRED = ("BAKERY_ENGINE_PROGRAM", "MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
@@ -24,7 +24,7 @@ class MissingBake(Exception):
 
 
 def _get(env: Mapping[str, str], name: str) -> str:
-    return (env.get(name) or "").strip()
+    return config.text(env, name) or ""
 
 
 def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
@@ -48,7 +48,7 @@ def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
 def main() -> None:
     """Run the shared core with the baked values as the engine's defaults."""
     try:
-        defaults = defaults_from_env(os.environ)
+        defaults = defaults_from_env(config.snapshot())
     except MissingBake as exc:
         print(f"bakery-worker: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG) from None

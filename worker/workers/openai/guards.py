@@ -1,9 +1,10 @@
 """Guards the worker puts around the vastai SDK's HTTP server (port 3000): what the SDK leaves open.
 
 Each guard is named in ACTIVE and installed by install(); removing a name disables that guard and
-nothing else. The guards and the SDK internals they hook (vastai 1.9.1; every hook is pinned by
-tests/worker/test_guard_hooks.py, so an SDK upgrade that moves one fails a test, and install() stops
-the worker with exit 4 instead of running unguarded):
+nothing else. The guards and the SDK internals they hook (vastai 1.9.1). Every hook is a row of
+sdk_seam.HOOKS and is reached through sdk_seam's functions only (this module names no SDK private);
+the table is checked at start (core.run exits 4 naming a missing hook instead of running unguarded)
+and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 
 - own_url: a signature counts only when auth_data.url is this worker's own URL (the `url` of its
   status reports, `Metrics.url`) -> 401. Hook: the instance's `_Backend__check_signature`.
@@ -28,25 +29,26 @@ the worker with exit 4 instead of running unguarded):
   computed from a payload nobody signed. Hooks: `_Backend__check_signature`, `Metrics._request_reject`,
   the SDK's AuthData and RequestMetrics types.
 
-This module imports only the standard library at import time (its rules are unit-tested on the host);
-aiohttp and the SDK are imported by install(), inside the worker's venv.
+The request rules and middlewares themselves are bakery's HTTP policy in front.py (no SDK there);
+this module wires them, and the hooks, to the SDK through sdk_seam.py.
+
+At import time this module imports only the standard library and the worker's own stdlib-only
+modules (its rules are unit-tested on the host); aiohttp and the SDK are imported by install(),
+inside the worker's venv.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
-import json
 import logging
-import math
-import re
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+
+from workers.openai import config, front, sdk_seam
+from workers.openai.sdk_seam import GuardError
 
 ACTIVE = (
     "own_url",
@@ -61,19 +63,8 @@ ACTIVE = (
     "outcomes",
 )
 
-SERVER_MODULE = "vastai.serverless.server.lib.server"
-DATA_TYPES_MODULE = "vastai.serverless.server.lib.data_types"
-# The SDK's AuthData fields, and the JSON types the worker accepts for each (what the SDK can use
-# without crashing: it max()es reqnum, hashes request_idx, b64decodes signature, json.dumps url).
-# `()` is any value: the SDK does not use cost or endpoint of a plain request, so they are not judged.
-AUTH_FIELDS: dict[str, tuple[type, ...]] = {
-    "cost": (),
-    "endpoint": (),
-    "reqnum": (int,),
-    "request_idx": (int,),
-    "signature": (str,),
-    "url": (str,),
-}
+SERVER_MODULE = sdk_seam.SERVER_MODULE
+DATA_TYPES_MODULE = sdk_seam.DATA_TYPES_MODULE
 LOOPBACK = "127.0.0.1"
 # Seconds an idle engine connection is kept for the next request. A new connection per request (the
 # SDK's force_close) cost the worker a third of its CPU per request (1360 -> 890 us, issue 6): at 16
@@ -84,13 +75,8 @@ LOOPBACK = "127.0.0.1"
 # llama.cpp's: 5 s) with a second to spare: aiohttp never hands out a connection idle longer than
 # this, so an engine never closes one just as the worker reuses it.
 ENGINE_KEEPALIVE = 4.0
-_QUERY = re.compile(r"(?<=[^\s?])\?[^\s\"'<>]+")
 
 log = logging.getLogger("bakery.guards")
-
-
-class GuardError(Exception):
-    """A guard cannot be installed (an unknown name, or an SDK hook that is not there)."""
 
 
 # --------------------------------------------------------------------------- limits (environment)
@@ -113,70 +99,30 @@ class Limits:
     pubkey_fetch_timeout: float = 10.0
 
 
-# field -> (variable, kind, what it is)
-VARIABLES: dict[str, tuple[str, str, str]] = {
-    "max_body_bytes": ("BAKERY_MAX_BODY_BYTES", "int", "largest request body in bytes"),
-    "body_timeout": ("BAKERY_BODY_TIMEOUT", "seconds", "time to receive a request body"),
-    "header_timeout": ("BAKERY_HEADER_TIMEOUT", "seconds", "time to receive request headers (and keep-alive idle)"),
-    "engine_connect_timeout": ("BAKERY_ENGINE_CONNECT_TIMEOUT", "seconds", "time to connect to the engine"),
-    "engine_idle_timeout": ("BAKERY_ENGINE_IDLE_TIMEOUT", "seconds", "longest silence of the engine while answering"),
-    "retry_after": ("BAKERY_RETRY_AFTER", "int", "Retry-After seconds of a 503 before the model is loaded"),
-    "sessions": ("BAKERY_SESSIONS", "bool", "whether /session/* routes are served"),
-    "session_max_lifetime": ("BAKERY_SESSION_MAX_LIFETIME", "seconds", "largest session lifetime"),
-    "max_sessions": ("BAKERY_MAX_SESSIONS", "int", "open sessions at once"),
-    "pubkey_backoff_max": ("BAKERY_PUBKEY_BACKOFF_MAX", "seconds", "longest wait between public-key fetches"),
-    "pubkey_fetch_timeout": ("BAKERY_PUBKEY_FETCH_TIMEOUT", "seconds", "time for one public-key fetch"),
+# field -> (variable, kind, what it is): each row is the variable's row of config.VARIABLES.
+LIMIT_VARS: dict[str, str] = {
+    "max_body_bytes": "BAKERY_MAX_BODY_BYTES",
+    "body_timeout": "BAKERY_BODY_TIMEOUT",
+    "header_timeout": "BAKERY_HEADER_TIMEOUT",
+    "engine_connect_timeout": "BAKERY_ENGINE_CONNECT_TIMEOUT",
+    "engine_idle_timeout": "BAKERY_ENGINE_IDLE_TIMEOUT",
+    "retry_after": "BAKERY_RETRY_AFTER",
+    "sessions": "BAKERY_SESSIONS",
+    "session_max_lifetime": "BAKERY_SESSION_MAX_LIFETIME",
+    "max_sessions": "BAKERY_MAX_SESSIONS",
+    "pubkey_backoff_max": "BAKERY_PUBKEY_BACKOFF_MAX",
+    "pubkey_fetch_timeout": "BAKERY_PUBKEY_FETCH_TIMEOUT",
 }
-TRUE_WORDS = ("true", "1", "yes")
-FALSE_WORDS = ("false", "0", "no")
-
-
-def parse_bool(name: str, raw: str | None) -> bool | None:
-    """true/1/yes or false/0/no (any case, blanks around); None when unset or blank.
-
-    Anything else raises ValueError with one line naming the variable.
-    """
-    if raw is None or not raw.strip():
-        return None
-    word = raw.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise ValueError(f"{name}={raw!r} is neither true nor false: set {name}=true or false "
-                     f"(true/1/yes, false/0/no) or leave it unset")
-
-
-def _parse_one(name: str, kind: str, raw: str, default: Any) -> Any:
-    text = raw.strip()
-    if kind == "bool":
-        return parse_bool(name, raw)
-    if kind == "int":
-        if not text.isdigit() or int(text) <= 0:
-            raise ValueError(f"{name}={raw!r} is not a positive whole number (default {default})")
-        return int(text)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={raw!r} is not a positive number of seconds (default {default:g})")
-    return value
+VARIABLES: dict[str, tuple[str, str, str]] = {
+    attr: (name, config.BY_NAME[name].kind, config.BY_NAME[name].doc) for attr, name in LIMIT_VARS.items()}
+TRUE_WORDS, FALSE_WORDS = config.TRUE_WORDS, config.FALSE_WORDS
+parse_bool = config.parse_bool
 
 
 def load_limits(env: Mapping[str, str]) -> tuple[Limits, list[str]]:
     """The Limits from `env` (unset or blank: the default), and one error line per bad variable."""
-    values: dict[str, Any] = {}
     errors: list[str] = []
-    defaults = Limits()
-    for attr, (name, kind, _) in VARIABLES.items():
-        raw = env.get(name)
-        if raw is None or not raw.strip():
-            continue
-        try:
-            values[attr] = _parse_one(name, kind, raw, getattr(defaults, attr))
-        except ValueError as exc:
-            errors.append(str(exc))
+    values = {attr: config.read(env, name, errors=errors) for attr, name in LIMIT_VARS.items()}
     return Limits(**values), errors
 
 
@@ -195,96 +141,12 @@ def describe(active: tuple[str, ...], limits: Limits) -> str:
 # --------------------------------------------------------------------------- pure rules
 
 
-def envelope_error(data: Any) -> str | None:
-    """Why `data` (a decoded request body) is not an envelope the SDK can serve, or None.
-
-    Every shape the SDK would answer with a 500 (a body that is not an object, auth_data that is not
-    an object, a field of a type the SDK cannot use) or a 422 (missing fields) is named here.
-    """
-    if not isinstance(data, dict):
-        return "the request body must be a JSON object {\"auth_data\": {...}, \"payload\": {...}}"
-    auth = data.get("auth_data")
-    if not isinstance(auth, dict):
-        return "auth_data must be a JSON object" if "auth_data" in data else "auth_data is missing"
-    error = auth_error(auth, "auth_data")
-    if error:
-        return error
-    if not isinstance(data.get("payload"), dict):
-        return "payload must be a JSON object" if "payload" in data else "payload is missing"
-    session_id = data.get("session_id")
-    if session_id is not None and not isinstance(session_id, str):
-        return "session_id must be a string"
-    return None
-
-
-def auth_error(auth: dict[str, Any], where: str) -> str | None:
-    """Why `auth` is not a usable auth_data object (missing field, wrong JSON type), or None."""
-    for name, kinds in AUTH_FIELDS.items():
-        if name not in auth:
-            return f"{where}.{name} is missing"
-        value = auth[name]
-        if kinds and (isinstance(value, bool) or not isinstance(value, kinds)):
-            wanted = " or ".join("string" if k is str else "integer" if k is int else "number" for k in kinds)
-            return f"{where}.{name} must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}"
-    return None
-
-
-def redact_query(text: str) -> str:
-    """`text` with every URL query string replaced by `?<redacted>` (the SDK's client puts its api
-    key in one)."""
-    return _QUERY.sub("?<redacted>", text)
-
-
-def report_hosts(report_addr: str) -> set[str]:
-    """The host names of REPORT_ADDR (comma-separated addresses are tried in order by the SDK)."""
-    hosts = set()
-    for item in report_addr.split(","):
-        host = urlsplit(item.strip()).hostname
-        if host:
-            hosts.add(host.lower())
-    return hosts
-
-
-def callback_error(route: Any, hosts: set[str]) -> str | None:
-    """Why a session's on_close_route may not be called, or None (absent, or an http(s) URL on
-    REPORT_ADDR's host without credentials)."""
-    if route is None:
-        return None
-    if not isinstance(route, str):
-        return "on_close_route must be a string URL"
-    parts = urlsplit(route)
-    try:
-        parts.port  # noqa: B018 (raises on a malformed port)
-    except ValueError:
-        return "on_close_route has a malformed port"
-    if parts.scheme not in ("http", "https") or (parts.hostname or "").lower() not in hosts:
-        return "on_close_route must be an http(s) URL on the autoscaler's host (REPORT_ADDR)"
-    if parts.username is not None or parts.password is not None:
-        return "on_close_route must not carry credentials"
-    return None
-
-
-def session_create_error(payload: Any, max_lifetime: float, hosts: set[str]) -> str | None:
-    """Why a /session/create payload is refused (lifetime, callback), or None."""
-    if not isinstance(payload, dict):
-        return "payload must be a JSON object"
-    lifetime = payload.get("lifetime", 60.0)
-    if isinstance(lifetime, bool) or not isinstance(lifetime, (int, float)) or not math.isfinite(lifetime) \
-            or not 0 < lifetime <= max_lifetime:
-        return f"payload.lifetime must be a number of seconds in (0, {max_lifetime:g}] (BAKERY_SESSION_MAX_LIFETIME)"
-    return callback_error(payload.get("on_close_route"), hosts)
-
-
 def backoff(cap: float, first: float = 1.0) -> Iterator[float]:
     """Waits between retries: first, doubling, never above `cap`."""
     delay = min(first, cap)
     while True:
         yield delay
         delay = min(delay * 2, cap)
-
-
-def _is_under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + "/")
 
 
 # --------------------------------------------------------------------------- installing
@@ -308,45 +170,28 @@ class Context:
     handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> the SDK's EndpointHandler
 
 
+_OUTCOME = front.OUTCOME  # the engine call's timeout, for the limits_engine middleware's 504
+# The request rules live in front.py (bakery's HTTP policy); named here too, as the guards' rules.
+AUTH_FIELDS, REDACTED_LOGGERS, QueryRedactor = front.AUTH_FIELDS, front.REDACTED_LOGGERS, front.QueryRedactor
+envelope_error, auth_error, redact_query = front.envelope_error, front.auth_error, front.redact_query
+report_hosts, callback_error = front.report_hosts, front.callback_error
+session_create_error = front.session_create_error
+
 # Middleware order, outermost first: refusals that need no body before those that read it.
 # outcomes is outermost (outside the drain's -1): it sees every refusal, the drain's 503 included.
 RANK = {"outcomes": -2, "self_update": 0, "limits_body": 1, "sessions": 2, "not_ready": 3, "envelope": 4,
         "limits_engine": 5}
-# Set per request by the limits guard; the engine-call wrapper records a timeout in it (a task the
-# SDK creates for the call copies the context, and with it this same dict).
-_OUTCOME: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("bakery_outcome", default=None)
 
 
-def _hook(obj: Any, name: str, guard: str) -> Any:
-    """`obj.name`, or GuardError naming the guard that needs it (a changed SDK)."""
-    try:
-        return getattr(obj, name)
-    except AttributeError:
-        raise GuardError(f"guard {guard}: the SDK has no {type(obj).__name__}.{name} any more "
-                         "(vastai changed): update worker/workers/openai/guards.py") from None
-
-
-def _error(web: Any, status: int, message: str, **headers: str) -> Any:
-    return web.json_response({"error": message}, status=status, headers=headers or None)
-
-
-async def _read_json(request: Any) -> tuple[Any, str | None]:
-    """The request's JSON body decoded as aiohttp's request.json() would, or an error."""
-    body = await request.read()
-    try:
-        text = body.decode(request.charset or "utf-8")
-    except (LookupError, UnicodeDecodeError):
-        return None, "the request body is not valid UTF-8 (or names an unknown charset)"
-    try:
-        return json.loads(text), None
-    except (ValueError, RecursionError):
-        return None, "the request body is not valid JSON"
+def _hook(obj: Any, key: str, guard: str) -> Any:
+    """The SDK hook `key` (sdk_seam.HOOKS) on `obj`, or GuardError naming the guard that needs it."""
+    return sdk_seam.find(obj, key, f"guard {guard}")
 
 
 def _install_own_url(ctx: Context, web: Any) -> None:
     backend = ctx.backend
-    own = _hook(_hook(backend, "metrics", "own_url"), "url", "own_url")
-    original = _hook(backend, "_Backend__check_signature", "own_url")
+    own = _hook(_hook(backend, "metrics", "own_url"), "own_url", "own_url")
+    original = _hook(backend, "check_signature", "own_url")
     refused = [0]
 
     def check_signature(auth_data: Any) -> bool:
@@ -358,78 +203,46 @@ def _install_own_url(ctx: Context, web: Any) -> None:
             return False
         return original(auth_data)
 
-    backend._Backend__check_signature = check_signature
+    sdk_seam.put(backend, "check_signature", check_signature)
 
 
 def _install_sessions(ctx: Context, web: Any) -> None:
-    data_types = sys.modules.get(DATA_TYPES_MODULE)
-    auth_cls = _hook(data_types, "AuthData", "sessions")
-    _hook(ctx.backend, "_Backend__check_signature", "sessions")  # called per request (own_url may wrap it)
-    backend, limits, hosts = ctx.backend, ctx.limits, report_hosts(ctx.report_addr)
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard sessions")
+    _hook(ctx.backend, "check_signature", "sessions")  # called per request (own_url may wrap it)
+    backend, limits = ctx.backend, ctx.limits
 
-    @web.middleware
-    async def sessions(request: Any, handler: Any) -> Any:
-        if not _is_under(request.path, "/session"):
-            return await handler(request)
-        if not limits.sessions:
-            return _error(web, 404, "sessions are disabled on this worker (BAKERY_SESSIONS)")
-        data, error = await _read_json(request)
-        if error is None and not isinstance(data, dict):
-            error = "the request body must be a JSON object"
-        if error is None:
-            creating = request.path == "/session/create"
-            key = "auth_data" if creating else "session_auth"
-            auth = data.get(key)
-            error = auth_error(auth, key) if isinstance(auth, dict) else f"{key} must be a JSON object"
-            if error is None and creating:
-                error = session_create_error(data.get("payload"), limits.session_max_lifetime, hosts)
-                cost = auth["cost"]
-                if error is None and (not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0):
-                    error = "auth_data.cost must be a non-negative number for a session"
-            if error is None and not creating and not isinstance(data.get("session_id"), str):
-                error = "session_id must be a string"
-        if error is not None:
-            return _error(web, 422, error)
-        if not backend._Backend__check_signature(auth_cls.from_json_msg(auth)):
-            return _error(web, 401, "the session request is not signed for this worker")
-        return await handler(request)
+    def verify(auth: dict[str, Any]) -> bool:
+        return sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth))
 
-    ctx.middlewares.append((RANK["sessions"], sessions))
+    ctx.middlewares.append((RANK["sessions"], front.sessions_middleware(
+        web, limits.sessions, limits.session_max_lifetime, report_hosts(ctx.report_addr), verify)))
 
 
 def _install_self_update(ctx: Context, web: Any) -> None:
-    @web.middleware
-    async def self_update(request: Any, handler: Any) -> Any:
-        if _is_under(request.path, "/pyworker"):
-            return _error(web, 403, "self-update is disabled: this image is version-locked")
-        return await handler(request)
-
-    ctx.middlewares.append((RANK["self_update"], self_update))
+    ctx.middlewares.append((RANK["self_update"], front.self_update_middleware(web)))
 
 
 def _install_limits(ctx: Context, web: Any) -> None:
     import aiohttp
 
     backend, limits, routes = ctx.backend, ctx.limits, ctx.routes
-    if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
-        raise GuardError("guard limits: the SDK's Backend.session is no longer a cached_property (vastai "
-                         "changed): update worker/workers/openai/guards.py")
-    call_backend = _hook(backend, "_Backend__call_backend", "limits")
+    sdk_seam.require_session_property(backend, "guard limits")
+    call_backend = _hook(backend, "call_backend", "limits")
     ctx.app_kwargs["client_max_size"] = limits.max_body_bytes
     # aiohttp closes a connection whose handler waits for a request longer than this: at the start
     # of a connection (headers not complete) and between requests.
     ctx.runner_kwargs["keepalive_timeout"] = limits.header_timeout
 
     async def engine_session(app: Any) -> None:
-        if "session" in backend.__dict__:
+        if sdk_seam.has_engine_session(backend):
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.engine_connect_timeout,
                                         sock_read=limits.engine_idle_timeout)
         # As the SDK makes it, plus the timeouts, and with engine connections kept alive between
         # requests (the SDK's force_close opened one per request: see ENGINE_KEEPALIVE).
-        backend.__dict__["session"] = aiohttp.ClientSession(
+        sdk_seam.set_engine_session(backend, aiohttp.ClientSession(
             backend.model_server_url, timeout=timeout,
-            connector=aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE, enable_cleanup_closed=True))
+            connector=aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE, enable_cleanup_closed=True)))
 
     async def call_with_timeouts(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -445,90 +258,26 @@ def _install_limits(ctx: Context, web: Any) -> None:
                 outcome["timeout"] = type(exc).__name__
             raise
 
-    backend._Backend__call_backend = call_with_timeouts
+    sdk_seam.put(backend, "call_backend", call_with_timeouts)
     ctx.on_startup.append(engine_session)
-
-    @web.middleware
-    async def limits_body(request: Any, handler: Any) -> Any:
-        length = request.content_length
-        if length is not None and length > limits.max_body_bytes:
-            return _error(web, 413, f"the request body is larger than {limits.max_body_bytes} bytes "
-                                    "(BAKERY_MAX_BODY_BYTES)")
-        if request.can_read_body:
-            try:
-                await _within(request.read(), limits.body_timeout)
-            except web.HTTPRequestEntityTooLarge:
-                return _error(web, 413, f"the request body is larger than {limits.max_body_bytes} bytes "
-                                        "(BAKERY_MAX_BODY_BYTES)")
-            except asyncio.TimeoutError:
-                return _error(web, 408, f"the request body did not arrive within {limits.body_timeout:g} s "
-                                        "(BAKERY_BODY_TIMEOUT)")
-        return await handler(request)
-
-    @web.middleware
-    async def limits_engine(request: Any, handler: Any) -> Any:
-        if request.path not in routes:
-            return await handler(request)
-        outcome: dict[str, str] = {}
-        token = _OUTCOME.set(outcome)
-        try:
-            response = await handler(request)
-        finally:
-            _OUTCOME.reset(token)
-        if "timeout" in outcome and response.status == 500 and not response.prepared:
-            return _error(web, 504, f"the engine did not answer in time ({outcome['timeout']}; "
-                                    "BAKERY_ENGINE_CONNECT_TIMEOUT, BAKERY_ENGINE_IDLE_TIMEOUT)")
-        return response
-
-    ctx.middlewares.append((RANK["limits_body"], limits_body))
-    ctx.middlewares.append((RANK["limits_engine"], limits_engine))
-
-
-async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
-    """`awaitable`'s result, or asyncio.TimeoutError after `seconds` (no extra task on Python 3.11+)."""
-    if hasattr(asyncio, "timeout"):
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, seconds)
+    ctx.middlewares.append((RANK["limits_body"], front.limits_body_middleware(
+        web, limits.max_body_bytes, limits.body_timeout)))
+    ctx.middlewares.append((RANK["limits_engine"], front.limits_engine_middleware(web, routes)))
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:
-    system = _hook(_hook(ctx.backend, "metrics", "not_ready"), "system_metrics", "not_ready")
-    _hook(system, "model_is_loaded", "not_ready")
-    metrics, routes, retry = ctx.backend.metrics, ctx.routes, str(ctx.limits.retry_after)
+    _hook(_hook(ctx.backend, "metrics", "not_ready"), "model_is_loaded", "not_ready")
+    metrics = ctx.backend.metrics
 
-    @web.middleware
-    async def not_ready(request: Any, handler: Any) -> Any:
-        if request.path in routes and not metrics.system_metrics.model_is_loaded:
-            return _error(web, 503, "the model is not loaded yet", **{"Retry-After": retry})
-        return await handler(request)
+    def is_loaded() -> bool:
+        return metrics.system_metrics.model_is_loaded
 
-    ctx.middlewares.append((RANK["not_ready"], not_ready))
-
-
-# The SDK answers these without a body; the envelope guard gives them one.
-_BARE = {401: "the request is not signed for this worker", 410: "the session does not exist",
-         429: "the worker's queue is full; retry later", 500: "the engine request failed"}
+    ctx.middlewares.append((RANK["not_ready"], front.not_ready_middleware(
+        web, ctx.routes, is_loaded, ctx.limits.retry_after)))
 
 
 def _install_envelope(ctx: Context, web: Any) -> None:
-    routes = ctx.routes
-
-    @web.middleware
-    async def envelope(request: Any, handler: Any) -> Any:
-        if request.path not in routes:
-            return await handler(request)
-        data, error = await _read_json(request)
-        if error is None:
-            error = envelope_error(data)
-        if error is not None:
-            return _error(web, 422, error)
-        response = await handler(request)
-        if response.status in _BARE and not response.prepared and not getattr(response, "body", b"x"):
-            return _error(web, response.status, _BARE[response.status])
-        return response
-
-    ctx.middlewares.append((RANK["envelope"], envelope))
+    ctx.middlewares.append((RANK["envelope"], front.envelope_middleware(web, ctx.routes)))
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
@@ -536,16 +285,17 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     from Crypto.PublicKey import RSA
 
     backend, limits = ctx.backend, ctx.limits
-    _hook(backend, "_fetch_pubkey", "pubkey_retry")
-    fetched = _hook(backend, "_Backend__pubkey_fetch_complete", "pubkey_retry")
+    _hook(backend, "fetch_pubkey", "pubkey_retry")
+    _hook(backend, "pubkey", "pubkey_retry")
+    fetched = _hook(backend, "pubkey_fetched", "pubkey_retry")
     metrics = _hook(backend, "metrics", "pubkey_retry")
-    report_loaded = _hook(metrics, "_model_loaded", "pubkey_retry")
+    report_loaded = _hook(metrics, "model_loaded", "pubkey_retry")
     first = ctx.report_addr.split(",")[0].strip().rstrip("/")
     url = f"{first}/pubkey/"
     waiting: list[float] = []
 
     def model_loaded(max_throughput: float) -> None:
-        if backend._pubkey is None and not backend.unsecured:
+        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             if not waiting:
                 log.warning("the model is ready; it is reported loaded once the public key from %s loads", url)
             waiting.append(max_throughput)
@@ -575,29 +325,14 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
                                 redact_query(str(exc)) or type(exc).__name__, limits.pubkey_backoff_max)
                 await asyncio.sleep(delay)
                 continue
-            backend._pubkey = key
+            sdk_seam.put(backend, "pubkey", key)
             log.warning("public key loaded from %s (try %d, after %.1f s)", url, tries, time.monotonic() - started)
             if waiting:
                 report_loaded(max_throughput=waiting[-1])
             return
 
-    metrics._model_loaded = model_loaded
-    backend._fetch_pubkey = fetch_until_loaded
-
-
-class QueryRedactor(logging.Filter):
-    """Rewrites a record whose message holds a URL query string (see redact_query); drops nothing."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "?" in message:
-            clean = redact_query(message)
-            if clean != message:
-                record.msg, record.args = clean, None
-        return True
-
-
-REDACTED_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client")
+    sdk_seam.put(metrics, "model_loaded", model_loaded)
+    sdk_seam.put(backend, "fetch_pubkey", fetch_until_loaded)
 
 
 def _install_log_hygiene(ctx: Context, web: Any) -> None:
@@ -625,14 +360,13 @@ _SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.Context
 
 
 def _install_outcomes(ctx: Context, web: Any) -> None:
-    data_types = sys.modules.get(DATA_TYPES_MODULE)
-    auth_cls = _hook(data_types, "AuthData", "outcomes")
-    metrics_cls = _hook(data_types, "RequestMetrics", "outcomes")
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard outcomes")
+    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard outcomes")
     backend = ctx.backend
     metrics = _hook(backend, "metrics", "outcomes")
-    reject = _hook(metrics, "_request_reject", "outcomes")
-    check = _hook(backend, "_Backend__check_signature", "outcomes")  # own_url's, when it is installed first
-    _hook(backend, "_pubkey", "outcomes")
+    reject = _hook(metrics, "request_reject", "outcomes")
+    check = _hook(backend, "check_signature", "outcomes")  # own_url's, when it is installed first
+    _hook(backend, "pubkey", "outcomes")
     routes, handlers = ctx.routes, ctx.handlers
 
     def check_signature(auth_data: Any) -> bool:
@@ -659,10 +393,10 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
 
     async def signed_envelope(request: Any) -> dict[str, Any] | None:
         """The request's envelope when it is signed for this worker, else None (nothing to trust)."""
-        if backend._pubkey is None and not backend.unsecured:
+        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             return None  # no key yet: no signature can be checked
         try:
-            data, error = await _within(_read_json(request), REFUSAL_READ_SECONDS)
+            data, error = await front.within(front.read_json(request), REFUSAL_READ_SECONDS)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 (too slow, too large, cut: an unread body names no request)
@@ -670,7 +404,7 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         auth = data.get("auth_data") if error is None and isinstance(data, dict) else None
         if not isinstance(auth, dict) or auth_error(auth, "auth_data"):
             return None
-        return data if backend._Backend__check_signature(auth_cls.from_json_msg(auth)) else None
+        return data if sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth)) else None
 
     @web.middleware
     async def outcomes(request: Any, handler: Any) -> Any:
@@ -691,8 +425,8 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         finally:
             _SIGNATURE.reset(token)
 
-    backend._Backend__check_signature = check_signature
-    metrics._request_reject = request_reject
+    sdk_seam.put(backend, "check_signature", check_signature)
+    sdk_seam.put(metrics, "request_reject", request_reject)
     ctx.middlewares.append((RANK["outcomes"], outcomes))
 
 
@@ -710,36 +444,7 @@ INSTALLERS: dict[str, Callable[[Context, Any], None]] = {
 }
 
 
-class WebShim:
-    """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
-    AppRunner and TCPSite also get what the guards contributed (middlewares, body limit, header
-    timeout, startup hooks, a listener's host)."""
-
-    def __init__(self, real: Any, ctx: Context):
-        self._real = real
-        self._ctx = ctx
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def Application(self, *args: Any, **kwargs: Any) -> Any:
-        ctx = self._ctx
-        kwargs.update(ctx.app_kwargs)
-        own = [mw for _, mw in sorted(ctx.middlewares, key=lambda item: item[0])]
-        kwargs["middlewares"] = [*own, *kwargs.get("middlewares", ())]
-        app = self._real.Application(*args, **kwargs)
-        for hook in ctx.on_startup:
-            app.on_startup.append(hook)
-        return app
-
-    def AppRunner(self, app: Any, **kwargs: Any) -> Any:
-        return self._real.AppRunner(app, **{**self._ctx.runner_kwargs, **kwargs})
-
-    def TCPSite(self, runner: Any, *args: Any, **kwargs: Any) -> Any:
-        host = self._ctx.site_hosts.get(kwargs.get("port"))  # type: ignore[arg-type]
-        if host is not None:
-            kwargs["host"] = host
-        return self._real.TCPSite(runner, *args, **kwargs)
+WebShim = sdk_seam.WebShim  # applies what the guards collected in their Context to the SDK's apps
 
 
 def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: int, report_addr: str,
@@ -755,15 +460,14 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     unknown = [name for name in names if name not in INSTALLERS]
     if unknown:
         raise GuardError(f"unknown guard(s) {', '.join(unknown)} in ACTIVE; known: {', '.join(INSTALLERS)}")
-    server = sys.modules.get(SERVER_MODULE)
-    web = getattr(server, "web", None)
-    if web is None:
-        raise GuardError(f"the SDK module {SERVER_MODULE} (or its `web`) is gone (vastai changed): "
-                         "update worker/workers/openai/guards.py")
-    real_web = web._real if isinstance(web, WebShim) else web
-    ctx = Context(backend=_hook(worker, "backend", "install"), limits=limits, routes=tuple(routes),
+    real_web = sdk_seam.real_web("install")
+    backend = getattr(worker, "backend", None)
+    if backend is None:
+        raise GuardError("install: the SDK's Worker has no backend any more (vastai changed): update "
+                         f"{sdk_seam.SEAM_FILE}")
+    ctx = Context(backend=backend, limits=limits, routes=tuple(routes),
                   http_port=http_port, report_addr=report_addr, handlers=dict(handlers or {}))
     for name in names:
         INSTALLERS[name](ctx, real_web)
-    server.web = WebShim(real_web, ctx)
+    sdk_seam.install_web(real_web, ctx)
     return ctx

@@ -17,10 +17,11 @@ are up). This module imports only the standard library.
 from __future__ import annotations
 
 import io
-import sys
 from typing import Any
 
-BACKEND_MODULE = "vastai.serverless.server.lib.backend"
+from workers.openai import sdk_seam
+
+BACKEND_MODULE = sdk_seam.BACKEND_MODULE
 
 
 class LocalFile:
@@ -56,10 +57,8 @@ async def open_local_file(file: Any, mode: str = "r", buffering: int = -1, encod
 
 def install() -> None:
     """Give the SDK's backend module the in-place open_file; GuardError when it has none to replace."""
-    from workers.openai.guards import GuardError
-
-    module = sys.modules.get(BACKEND_MODULE)
-    if module is None or not callable(getattr(module, "open_file", None)):
-        raise GuardError(f"the SDK module {BACKEND_MODULE} no longer has open_file (vastai changed): update "
-                         "worker/workers/openai/log_tail.py")
-    module.open_file = open_local_file
+    _, current = sdk_seam.module_hook("open_file", "log_tail.py")
+    if not callable(current):
+        raise sdk_seam.GuardError(f"log_tail.py: the SDK module {BACKEND_MODULE}'s open_file is not callable "
+                                  f"(vastai changed): update the hook 'open_file' in {sdk_seam.SEAM_FILE}")
+    sdk_seam.replace_in_module("open_file", "log_tail.py", open_local_file)

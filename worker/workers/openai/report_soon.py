@@ -18,26 +18,23 @@ import asyncio
 import logging
 from typing import Any
 
-from workers.openai.guards import GuardError
+from workers.openai import sdk_seam
 
 POLL = 0.05  # seconds between looks at the loaded flag (until it is set; then the task ends)
-# The SDK's status-report send (vastai 1.9.1 Metrics, name-mangled private coroutine): it posts the
-# report to each REPORT_ADDR in turn, and on success clears update_pending and stamps last_metric_update.
-SEND_REPORT = "_Metrics__send_metrics_and_reset"
+# The SDK's status-report send (sdk_seam hook "send_report"): it posts the report to each REPORT_ADDR
+# in turn, and on success clears update_pending and stamps last_metric_update.
+SEND_REPORT = sdk_seam.hook("send_report").attr
+WHO = "report_soon.py"
 
 log = logging.getLogger("bakery.report_soon")
 
 
 def install(ctx: Any) -> None:
     """Start, with the server, a task that sends the first loaded report as soon as the model is loaded."""
-    metrics = getattr(ctx.backend, "metrics", None)
-    system = getattr(metrics, "system_metrics", None)
-    send = getattr(metrics, SEND_REPORT, None)
-    if (system is None or not hasattr(system, "model_is_loaded") or not hasattr(metrics, "update_pending")
-            or not hasattr(metrics, "last_metric_update") or send is None):
-        raise GuardError("the SDK's Metrics no longer has system_metrics.model_is_loaded / update_pending / "
-                         f"last_metric_update / {SEND_REPORT} (vastai changed): update "
-                         "worker/workers/openai/report_soon.py")
+    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
+    for key in ("model_is_loaded", "update_pending", "last_metric_update"):
+        sdk_seam.find(metrics, key, WHO)
+    send = sdk_seam.find(metrics, "send_report", WHO)
     tasks: list[asyncio.Task[None]] = []
 
     async def report_when_loaded() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.openai import uploads, workload
+from workers.openai import config, uploads, workload
 from workers.openai.uploads import UploadError, UploadLimits
 from workers.openai.workload import References
 
@@ -105,18 +105,11 @@ class RouteSettings:
 
 
 def _value(env: Mapping[str, str], name: str) -> str | None:
-    raw = env.get(name)
-    return raw.strip() if raw is not None and raw.strip() else None
+    return config.text(env, name)
 
 
 def _positive(env: Mapping[str, str], name: str, default: int, warnings: list[str]) -> int:
-    raw = _value(env, name)
-    if raw is None:
-        return default
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    warnings.append(f"{name}={raw!r} is not a positive integer; using the default {default}")
-    return default
+    return config.parse(env, name, "digits", "warn", default, warnings)
 
 
 def _route_name(raw: str) -> str:

@@ -1,0 +1,283 @@
+"""The worker's environment: one table of every variable it reads, and one parser.
+
+Nothing else under worker/workers/ reads os.environ (tests/worker/test_config.py checks the source):
+the worker takes one snapshot of it (`snapshot()`), and every module resolves its variables from that
+mapping through `read()` (a variable of VARIABLES) or `parse()` (the same rules for any name), so
+each rule has one implementation and is unit-tested without the SDK.
+
+A variable's row says how its text is read (`kind`) and what a bad value does (`bad`):
+- "exit": the worker refuses to start: one line naming the variable, exit 2 (core.EXIT_CONFIG);
+- "warn": one warning naming the variable, and the default is used;
+- "none": any text is a value (or the module that owns it judges it: `owner`).
+For every variable blank counts as unset (`value()`), so `MODEL_LOG=""` means the engine's default.
+
+Kinds (`parse`): "text" (stripped), "lines" (a log-line list, see parse_lines), "int" (Python's
+int() of the stripped text, positive), "digits" (ASCII-style digits only, positive), "number" (a
+positive finite float), "bool" (true/1/yes or false/0/no, any case), "drain" (a number of seconds
+from 0 to MAX_DRAIN_SECONDS), and, judged by their owner module, "url", "choice", "routes", "route",
+"port", "platform", "varname". The two integer rules differ on text like "+3" or "1_000" (int()
+takes them, digits does not): each variable keeps the rule it always had.
+
+worker/boot/entrypoint.py (the image's entry point) imports this module for the one variable it
+shares with the worker, BAKERY_DRAIN_TIMEOUT, so both read it by the same rule.
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
+FALSE_WORDS = ("false", "0", "no")
+MAX_DRAIN_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Var:
+    """One variable the worker (or its entry point) reads.
+
+    `default` is None when it is the engine's own (baked, EngineDefaults), the benchmarked route's
+    own, or there is none; `owner` is the module that resolves it; `reader` who reads it ("worker",
+    "entry point", "start_server.sh"; the last two are listed so that the table is the whole contract).
+    """
+
+    name: str
+    kind: str
+    default: Any
+    bad: str  # "exit" | "warn" | "none"
+    owner: str
+    doc: str
+    reader: str = "worker"
+
+
+# The order of each group is the order its problems are reported in.
+VARIABLES: tuple[Var, ...] = (
+    # Baked per engine (each falls back to the engine's EngineDefaults).
+    Var("BACKEND", "text", None, "none", "core", "the worker the image runs (an alias is named in the banner)"),
+    Var("MODEL_LOG", "text", None, "none", "core", "the engine's log file the SDK reads"),
+    Var("MODEL_LOAD_LOG_MSG", "lines", None, "warn", "core", "log lines that mean the model is loaded"),
+    Var("MODEL_ERROR_LOG_MSGS", "lines", None, "warn", "core", "log lines that mean the engine failed"),
+    Var("MODEL_INFO_LOG_MSGS", "lines", None, "warn", "core", "log lines reported as information"),
+    Var("MODEL_HEALTH_ENDPOINT", "text", "/health", "none", "core",
+        "a path (against MODEL_SERVER_URL) or a full URL"),
+    Var("BAKERY_ENGINE_PROGRAM", "text", None, "none", "generic", "the engine's supervisord program (= its name)"),
+    Var("BAKERY_MODEL_VAR", "varname", None, "none", "core", "the variable holding the model id"),
+    Var("BAKERY_ENGINE_CMD", "text", None, "exit", "entrypoint", "the engine's argv (JSON list)", "entry point"),
+    Var("BAKERY_ENGINE_ARGS_VAR", "varname", None, "exit", "entrypoint",
+        "the variable whose value is shell-split onto the argv", "entry point"),
+    # Model id, first non-blank (core.model_id_vars; the variable BAKERY_MODEL_VAR names comes second).
+    Var("MODEL_NAME", "text", None, "none", "core", "the served model id"),
+    Var("VLLM_MODEL", "text", None, "none", "core", "upstream's vLLM model variable"),
+    Var("SGLANG_MODEL", "text", None, "none", "core", "upstream's SGLang model variable"),
+    Var("LLAMA_MODEL", "text", None, "none", "core", "upstream's llama.cpp model variable"),
+    # Worker knobs.
+    Var("MODEL_SERVER_URL", "url", "http://127.0.0.1:18000", "exit", "core", "the engine's origin"),
+    Var("BENCHMARK_RUNS", "int", None, "warn", "core", "benchmark runs (default: the route's own)"),
+    Var("BENCHMARK_CONCURRENCY", "int", None, "warn", "core", "benchmark concurrency (default: the route's own)"),
+    Var("BENCHMARK_MAX_TOKENS", "int", 500, "warn", "core", "benchmark max_tokens, the workload unit"),
+    Var("READINESS", "choice", "logs", "warn", "core", "logs | healthcheck"),
+    Var("READINESS_TIMEOUT", "number", 1800.0, "warn", "core", "seconds to wait for readiness"),
+    Var("HEALTHCHECK_PROBE_TIMEOUT", "number", 30.0, "warn", "core", "seconds of one health probe"),
+    Var("BAKERY_LOG_REQUESTS", "bool", False, "warn", "core", "keep the per-request log lines"),
+    Var("UNSECURED", "bool", False, "exit", "core", "serve without a signature (offline only)"),
+    Var("WORKER_STATE_DIR", "text", "/var/lib/bakery/worker", "none", "start_server.sh",
+        "the worker's working directory", "start_server.sh"),
+    Var("WORKER_PYTHON", "text", "/opt/bakery/venv/bin/python", "none", "start_server.sh",
+        "the worker's interpreter", "start_server.sh"),
+    # Routes (routes.py, uploads.py, workload.py).
+    Var("OPENAI_ROUTES", "routes", None, "exit", "routes", "the routes served, comma-separated"),
+    Var("BENCHMARK_ROUTE", "route", "/v1/completions", "exit", "routes", "the benchmarked route"),
+    Var("OPENAI_MAX_UPLOAD_BYTES", "digits", 26214400, "warn", "routes", "largest uploaded file"),
+    Var("OPENAI_MAX_REQUEST_UPLOAD_BYTES", "digits", 67108864, "warn", "routes", "largest uploads of a request"),
+    Var("BENCHMARK_EMBED_CHARS", "digits", 600, "warn", "routes", "characters of an embedding benchmark"),
+    Var("BENCHMARK_SPEECH_VOICE", "text", None, "none", "routes", "the speech benchmark's voice"),
+    # Guard limits (guards.Limits; read strictly).
+    Var("BAKERY_MAX_BODY_BYTES", "digits", 16 * 1024 * 1024, "exit", "guards", "largest request body in bytes"),
+    Var("BAKERY_BODY_TIMEOUT", "number", 60.0, "exit", "guards", "time to receive a request body"),
+    Var("BAKERY_HEADER_TIMEOUT", "number", 30.0, "exit", "guards",
+        "time to receive request headers (and keep-alive idle)"),
+    Var("BAKERY_ENGINE_CONNECT_TIMEOUT", "number", 10.0, "exit", "guards", "time to connect to the engine"),
+    Var("BAKERY_ENGINE_IDLE_TIMEOUT", "number", 600.0, "exit", "guards",
+        "longest silence of the engine while answering"),
+    Var("BAKERY_RETRY_AFTER", "digits", 10, "exit", "guards",
+        "Retry-After seconds of a 503 before the model is loaded"),
+    Var("BAKERY_SESSIONS", "bool", False, "exit", "guards", "whether /session/* routes are served"),
+    Var("BAKERY_SESSION_MAX_LIFETIME", "number", 600.0, "exit", "guards", "largest session lifetime"),
+    Var("BAKERY_MAX_SESSIONS", "digits", 10, "exit", "guards", "open sessions at once"),
+    Var("BAKERY_PUBKEY_BACKOFF_MAX", "number", 60.0, "exit", "guards", "longest wait between public-key fetches"),
+    Var("BAKERY_PUBKEY_FETCH_TIMEOUT", "number", 10.0, "exit", "guards", "time for one public-key fetch"),
+    # Drain (drain.py; also read by the entry point, which sizes the worker's stopwaitsecs from it).
+    Var("BAKERY_DRAIN_TIMEOUT", "drain", 8.0, "exit", "drain", "seconds requests in flight get after SIGTERM"),
+    # Platform variables the SDK reads unguarded (core.check_platform_env).
+    Var("CONTAINER_ID", "platform", None, "exit", "core", "the instance id (an integer)"),
+    Var("REPORT_ADDR", "platform", None, "exit", "core", "the autoscaler's address(es)"),
+    Var("PUBLIC_IPADDR", "platform", None, "exit", "core", "the instance's public address"),
+    Var("WORKER_PORT", "port", None, "exit", "core", "the worker's port (3000 in bakery images)"),
+    Var("WORKER_HTTP_PORT", "port", None, "exit", "core", "the SDK's plain-HTTP port (default WORKER_PORT+1)"),
+    Var("VAST_TCP_PORT_<WORKER_PORT>", "platform", None, "exit", "core",
+        "the public port mapped to WORKER_PORT (a name made from WORKER_PORT's value)"),
+)
+BY_NAME: Mapping[str, Var] = MappingProxyType({v.name: v for v in VARIABLES})
+
+
+def snapshot() -> Mapping[str, str]:
+    """A read-only snapshot of the process environment: what the worker resolves its settings from."""
+    return MappingProxyType(dict(os.environ))
+
+
+def export(name: str, value: str) -> None:
+    """Set `name` in the process environment (for the SDK, which reads some variables itself)."""
+    os.environ[name] = value
+
+
+def value(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's raw text, or None when it is unset or blank (blank counts as unset)."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return raw
+
+
+def text(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's text stripped, or None when it is unset or blank."""
+    raw = value(env, name)
+    return None if raw is None else raw.strip()
+
+
+def parse_lines(raw: str) -> list[str]:
+    """Split a log-line list: a JSON array of strings (the baked form) or newline-separated text.
+
+    Each item is stripped and empty items are dropped.
+    """
+    stripped = raw.strip()
+    items: list[str] | None = None
+    if stripped.startswith("["):
+        try:
+            decoded = json.loads(stripped)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, list) and all(isinstance(x, str) for x in decoded):
+            items = decoded
+    if items is None:
+        items = raw.split("\n")  # \n only: \x85 or \u2028 inside a log line is text, not a break
+    return [s for item in items if (s := item.strip())]
+
+
+def parse_bool(name: str, raw: str | None) -> bool | None:
+    """true/1/yes or false/0/no (any case, blanks around); None when unset or blank.
+
+    Anything else raises ValueError with one line naming the variable (the strict reading).
+    """
+    if raw is None or not raw.strip():
+        return None
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r} is neither true nor false: set {name}=true or false "
+                     f"(true/1/yes, false/0/no) or leave it unset")
+
+
+class BadValue(ValueError):
+    """A variable's text that its kind refuses; str() is the one line naming it."""
+
+
+def _number(raw: str) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        return math.nan
+
+
+def _convert(name: str, kind: str, raw: str, default: Any, bad: str) -> Any:
+    """`raw` (set, not blank) read as `kind`, or BadValue with the line `bad` prints."""
+    strict = bad == "exit"
+    stripped = raw.strip()
+    if kind == "text":
+        return stripped
+    if kind == "lines":
+        lines = parse_lines(raw)
+        if not lines:
+            raise BadValue(f"{name}={raw!r} holds no log line; using the default {list(default)!r}")
+        return lines
+    if kind == "bool":
+        if strict:
+            try:
+                return parse_bool(name, raw)
+            except ValueError as exc:
+                raise BadValue(str(exc)) from None
+        word = stripped.lower()
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+        raise BadValue(f"{name}={raw!r} is neither true nor false; using the default "
+                       f"{'true' if default else 'false'}")
+    if kind == "int":
+        try:
+            number = int(stripped)
+        except ValueError:
+            number = 0
+        if number > 0:
+            return number
+        raise BadValue(f"{name}={raw!r} is not a positive integer; using the default {default}")
+    if kind == "digits":
+        if stripped.isdigit() and int(stripped) > 0:
+            return int(stripped)
+        if strict:
+            raise BadValue(f"{name}={raw!r} is not a positive whole number (default {default})")
+        raise BadValue(f"{name}={stripped!r} is not a positive integer; using the default {default}")
+    if kind == "number":
+        number = _number(raw)
+        if math.isfinite(number) and number > 0:
+            return number
+        if strict:
+            raise BadValue(f"{name}={raw!r} is not a positive number of seconds (default {default:g})")
+        raise BadValue(f"{name}={raw!r} is not a positive finite number; using the default {default:g}")
+    if kind == "drain":
+        number = _number(raw)
+        if math.isfinite(number) and 0 <= number <= MAX_DRAIN_SECONDS:
+            return number
+        raise BadValue(
+            f"{name}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g}: set it to how "
+            f"long requests in flight may run after SIGTERM (default {default:g}; keep it below "
+            "the stop grace, docker stop -t)")
+    raise KeyError(f"the kind {kind!r} of {name} is judged by its owner module, not by config.parse")
+
+
+def parse(env: Mapping[str, str], name: str, kind: str, bad: str, default: Any,
+          warnings: list[str] | None = None, errors: list[str] | None = None) -> Any:
+    """`name` from `env` read as `kind`: its value, or `default` when unset or blank.
+
+    A bad value appends its one line to `errors` when `bad` is "exit", to `warnings` when "warn"
+    (each list defaults to one that is dropped), and gives `default`.
+    """
+    raw = value(env, name)
+    if raw is None:
+        return default
+    try:
+        return _convert(name, kind, raw, default, bad)
+    except BadValue as exc:
+        target = errors if bad == "exit" else warnings
+        if target is not None:
+            target.append(str(exc))
+        return default
+
+
+def read(env: Mapping[str, str], name: str, warnings: list[str] | None = None,
+         errors: list[str] | None = None, default: Any = None) -> Any:
+    """`name` (a variable of VARIABLES) read by its row's kind and rule; `default` replaces the
+    row's own when given (an engine's or a route's own default)."""
+    var = BY_NAME[name]
+    return parse(env, name, var.kind, var.bad, var.default if default is None else default, warnings, errors)
+
+
+def is_set(env: Mapping[str, str], name: str) -> bool:
+    """Whether `name` holds something (neither unset nor blank)."""
+    return value(env, name) is not None

@@ -1,0 +1,295 @@
+"""bakery's own HTTP policy at port 3000: the request rules and aiohttp middlewares of the guards.
+
+What port 3000 refuses, and how it answers, is bakery's code, not the SDK's: the envelope shapes the
+SDK can serve, the body limits, the answer before the model is loaded, the session rules, the
+self-update refusal, the query-string redaction of log lines. Each middleware is made by a factory
+from plain values and callables (a route list, limits, `is_loaded()`, `verify(auth)`), so this
+module imports nothing of the SDK: guards.py builds them with what sdk_seam.py reads from the SDK
+(the signature check with the key the SDK fetched, the loaded flag) and gives them their order.
+
+Imports only the standard library; `web` (aiohttp.web) is passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+# The SDK's AuthData fields, and the JSON types the worker accepts for each (what the SDK can use
+# without crashing: it max()es reqnum, hashes request_idx, b64decodes signature, json.dumps url).
+# `()` is any value: the SDK does not use cost or endpoint of a plain request, so they are not judged.
+AUTH_FIELDS: dict[str, tuple[type, ...]] = {
+    "cost": (),
+    "endpoint": (),
+    "reqnum": (int,),
+    "request_idx": (int,),
+    "signature": (str,),
+    "url": (str,),
+}
+_QUERY = re.compile(r"(?<=[^\s?])\?[^\s\"'<>]+")
+
+
+def envelope_error(data: Any) -> str | None:
+    """Why `data` (a decoded request body) is not an envelope the SDK can serve, or None.
+
+    Every shape the SDK would answer with a 500 (a body that is not an object, auth_data that is not
+    an object, a field of a type the SDK cannot use) or a 422 (missing fields) is named here.
+    """
+    if not isinstance(data, dict):
+        return "the request body must be a JSON object {\"auth_data\": {...}, \"payload\": {...}}"
+    auth = data.get("auth_data")
+    if not isinstance(auth, dict):
+        return "auth_data must be a JSON object" if "auth_data" in data else "auth_data is missing"
+    error = auth_error(auth, "auth_data")
+    if error:
+        return error
+    if not isinstance(data.get("payload"), dict):
+        return "payload must be a JSON object" if "payload" in data else "payload is missing"
+    session_id = data.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        return "session_id must be a string"
+    return None
+
+
+def auth_error(auth: dict[str, Any], where: str) -> str | None:
+    """Why `auth` is not a usable auth_data object (missing field, wrong JSON type), or None."""
+    for name, kinds in AUTH_FIELDS.items():
+        if name not in auth:
+            return f"{where}.{name} is missing"
+        value = auth[name]
+        if kinds and (isinstance(value, bool) or not isinstance(value, kinds)):
+            wanted = " or ".join("string" if k is str else "integer" if k is int else "number" for k in kinds)
+            return f"{where}.{name} must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}"
+    return None
+
+
+def redact_query(text: str) -> str:
+    """`text` with every URL query string replaced by `?<redacted>` (the SDK's client puts its api
+    key in one)."""
+    return _QUERY.sub("?<redacted>", text)
+
+
+def report_hosts(report_addr: str) -> set[str]:
+    """The host names of REPORT_ADDR (comma-separated addresses are tried in order by the SDK)."""
+    hosts = set()
+    for item in report_addr.split(","):
+        host = urlsplit(item.strip()).hostname
+        if host:
+            hosts.add(host.lower())
+    return hosts
+
+
+def callback_error(route: Any, hosts: set[str]) -> str | None:
+    """Why a session's on_close_route may not be called, or None (absent, or an http(s) URL on
+    REPORT_ADDR's host without credentials)."""
+    if route is None:
+        return None
+    if not isinstance(route, str):
+        return "on_close_route must be a string URL"
+    parts = urlsplit(route)
+    try:
+        parts.port  # noqa: B018 (raises on a malformed port)
+    except ValueError:
+        return "on_close_route has a malformed port"
+    if parts.scheme not in ("http", "https") or (parts.hostname or "").lower() not in hosts:
+        return "on_close_route must be an http(s) URL on the autoscaler's host (REPORT_ADDR)"
+    if parts.username is not None or parts.password is not None:
+        return "on_close_route must not carry credentials"
+    return None
+
+
+def session_create_error(payload: Any, max_lifetime: float, hosts: set[str]) -> str | None:
+    """Why a /session/create payload is refused (lifetime, callback), or None."""
+    if not isinstance(payload, dict):
+        return "payload must be a JSON object"
+    lifetime = payload.get("lifetime", 60.0)
+    if isinstance(lifetime, bool) or not isinstance(lifetime, (int, float)) or not math.isfinite(lifetime) \
+            or not 0 < lifetime <= max_lifetime:
+        return f"payload.lifetime must be a number of seconds in (0, {max_lifetime:g}] (BAKERY_SESSION_MAX_LIFETIME)"
+    return callback_error(payload.get("on_close_route"), hosts)
+
+
+def is_under(path: str, prefix: str) -> bool:
+    """Whether `path` is `prefix` or below it."""
+    return path == prefix or path.startswith(prefix + "/")
+
+
+# Set per request by the limits_engine middleware; the limits guard's engine-call wrapper records a
+# timeout in it (a task the SDK creates for the call copies the context, and with it this same dict).
+OUTCOME: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("bakery_outcome", default=None)
+
+
+def error(web: Any, status: int, message: str, **headers: str) -> Any:
+    """A JSON error answer {"error": message}."""
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+async def read_json(request: Any) -> tuple[Any, str | None]:
+    """The request's JSON body decoded as aiohttp's request.json() would, or an error."""
+    body = await request.read()
+    try:
+        text = body.decode(request.charset or "utf-8")
+    except (LookupError, UnicodeDecodeError):
+        return None, "the request body is not valid UTF-8 (or names an unknown charset)"
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError):
+        return None, "the request body is not valid JSON"
+
+
+async def within(awaitable: Awaitable[Any], seconds: float) -> Any:
+    """`awaitable`'s result, or asyncio.TimeoutError after `seconds` (no extra task on Python 3.11+)."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+# The SDK answers these without a body; the envelope guard gives them one.
+BARE = {401: "the request is not signed for this worker", 410: "the session does not exist",
+        429: "the worker's queue is full; retry later", 500: "the engine request failed"}
+
+
+class QueryRedactor(logging.Filter):
+    """Rewrites a record whose message holds a URL query string (see redact_query); drops nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "?" in message:
+            clean = redact_query(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        return True
+
+
+REDACTED_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client")
+
+
+# --------------------------------------------------------------------------- middlewares
+
+
+def self_update_middleware(web: Any) -> Any:
+    """/pyworker/* -> 403 (an image is version-locked)."""
+    @web.middleware
+    async def self_update(request: Any, handler: Any) -> Any:
+        if is_under(request.path, "/pyworker"):
+            return error(web, 403, "self-update is disabled: this image is version-locked")
+        return await handler(request)
+
+    return self_update
+
+
+def limits_body_middleware(web: Any, max_body_bytes: int, body_timeout: float) -> Any:
+    """413 for a body above `max_body_bytes`, 408 for one not read within `body_timeout` seconds."""
+    @web.middleware
+    async def limits_body(request: Any, handler: Any) -> Any:
+        length = request.content_length
+        if length is not None and length > max_body_bytes:
+            return error(web, 413, f"the request body is larger than {max_body_bytes} bytes "
+                                   "(BAKERY_MAX_BODY_BYTES)")
+        if request.can_read_body:
+            try:
+                await within(request.read(), body_timeout)
+            except web.HTTPRequestEntityTooLarge:
+                return error(web, 413, f"the request body is larger than {max_body_bytes} bytes "
+                                       "(BAKERY_MAX_BODY_BYTES)")
+            except asyncio.TimeoutError:
+                return error(web, 408, f"the request body did not arrive within {body_timeout:g} s "
+                                       "(BAKERY_BODY_TIMEOUT)")
+        return await handler(request)
+
+    return limits_body
+
+
+def limits_engine_middleware(web: Any, routes: tuple[str, ...]) -> Any:
+    """504 for a model request whose engine call timed out (recorded in OUTCOME by the engine call)."""
+    @web.middleware
+    async def limits_engine(request: Any, handler: Any) -> Any:
+        if request.path not in routes:
+            return await handler(request)
+        outcome: dict[str, str] = {}
+        token = OUTCOME.set(outcome)
+        try:
+            response = await handler(request)
+        finally:
+            OUTCOME.reset(token)
+        if "timeout" in outcome and response.status == 500 and not response.prepared:
+            return error(web, 504, f"the engine did not answer in time ({outcome['timeout']}; "
+                                   "BAKERY_ENGINE_CONNECT_TIMEOUT, BAKERY_ENGINE_IDLE_TIMEOUT)")
+        return response
+
+    return limits_engine
+
+
+def not_ready_middleware(web: Any, routes: tuple[str, ...], is_loaded: Callable[[], bool],
+                         retry_after: int) -> Any:
+    """503 + Retry-After on the model routes until `is_loaded()`."""
+    retry = str(retry_after)
+
+    @web.middleware
+    async def not_ready(request: Any, handler: Any) -> Any:
+        if request.path in routes and not is_loaded():
+            return error(web, 503, "the model is not loaded yet", **{"Retry-After": retry})
+        return await handler(request)
+
+    return not_ready
+
+
+def envelope_middleware(web: Any, routes: tuple[str, ...]) -> Any:
+    """422 JSON for an envelope the SDK cannot serve; a JSON body for the SDK's body-less refusals."""
+    @web.middleware
+    async def envelope(request: Any, handler: Any) -> Any:
+        if request.path not in routes:
+            return await handler(request)
+        data, problem = await read_json(request)
+        if problem is None:
+            problem = envelope_error(data)
+        if problem is not None:
+            return error(web, 422, problem)
+        response = await handler(request)
+        if response.status in BARE and not response.prepared and not getattr(response, "body", b"x"):
+            return error(web, response.status, BARE[response.status])
+        return response
+
+    return envelope
+
+
+def sessions_middleware(web: Any, enabled: bool, max_lifetime: float, hosts: set[str],
+                        verify: Callable[[dict[str, Any]], bool]) -> Any:
+    """/session/*: 404 unless `enabled`; else a well-formed call (lifetime, callback host, cost) whose
+    auth object `verify` accepts (the SDK's signature check, through the seam), or 422 / 401."""
+    @web.middleware
+    async def sessions(request: Any, handler: Any) -> Any:
+        if not is_under(request.path, "/session"):
+            return await handler(request)
+        if not enabled:
+            return error(web, 404, "sessions are disabled on this worker (BAKERY_SESSIONS)")
+        data, problem = await read_json(request)
+        if problem is None and not isinstance(data, dict):
+            problem = "the request body must be a JSON object"
+        if problem is None:
+            creating = request.path == "/session/create"
+            key = "auth_data" if creating else "session_auth"
+            auth = data.get(key)
+            problem = auth_error(auth, key) if isinstance(auth, dict) else f"{key} must be a JSON object"
+            if problem is None and creating:
+                problem = session_create_error(data.get("payload"), max_lifetime, hosts)
+                cost = auth["cost"]
+                if problem is None and (not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0):
+                    problem = "auth_data.cost must be a non-negative number for a session"
+            if problem is None and not creating and not isinstance(data.get("session_id"), str):
+                problem = "session_id must be a string"
+        if problem is not None:
+            return error(web, 422, problem)
+        if not verify(auth):
+            return error(web, 401, "the session request is not signed for this worker")
+        return await handler(request)
+
+    return sessions

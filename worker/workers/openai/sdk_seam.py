@@ -1,0 +1,287 @@
+"""The one place the worker touches the vastai SDK's internals: a table of hooks, and how they are used.
+
+bakery's guards, drain, fast report, log tail and response closer change what the SDK's server does
+at points the SDK offers no API for: name-mangled methods of its Backend and Metrics, the `web` name
+its server module builds its apps with, its backend module's `open_file`. Each such point is one row
+of HOOKS (what it is, what the worker does with it, why, the SDK version it was checked against),
+and this module is the only one under worker/workers/ that names a private SDK attribute
+(tests/worker/test_sdk_seam.py checks the source of the others). The others go through the functions
+here: `find` (the hook's value, or GuardError naming who needs it), `wrap` / `put` / `get` /
+`put`, and a few named helpers (`check_signature`, `set_engine_session`, `install_web`, ...).
+
+`missing(worker)` checks every required hook against a real Worker at start; core.run() exits 4 naming
+what is gone instead of running unguarded (and so does each installer, for the hooks it needs, when a
+guard is installed on its own). Every hook is pinned against the locked SDK by
+tests/worker/test_guard_hooks.py and test_sdk_seam.py.
+
+This module imports only the standard library at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SDK_VERSION = "1.9.1"  # the vastai release every hook was checked against (worker/requirements.txt)
+SERVER_MODULE = "vastai.serverless.server.lib.server"
+BACKEND_MODULE = "vastai.serverless.server.lib.backend"
+METRICS_MODULE = "vastai.serverless.server.lib.metrics"
+DATA_TYPES_MODULE = "vastai.serverless.server.lib.data_types"
+WORKER_MODULE = "vastai.serverless.server.worker"
+SEAM_FILE = "worker/workers/openai/sdk_seam.py"
+
+
+class GuardError(Exception):
+    """A guard (or a serving part) cannot be installed: an unknown name, or an SDK hook that is gone."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One SDK point the worker relies on.
+
+    `owner` is "Backend" or "Metrics" (an attribute of the Worker's instance, `attr` may be dotted)
+    or a module's dotted name; `use` what the worker does with it (wrap: replaces it with a function
+    that calls it; replace: sets its own; call / read / set); `users` the guards and modules that need
+    it; `required` False when a missing hook only costs a speed-up or a count (a warning at start).
+    """
+
+    key: str
+    owner: str
+    attr: str
+    use: str
+    users: tuple[str, ...]
+    why: str
+    required: bool = True
+    checked: str = SDK_VERSION
+
+    @property
+    def where(self) -> str:
+        return f"{self.owner}.{self.attr}"
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap", ("own_url", "outcomes", "sessions"),
+         "the SDK's per-request signature check: own_url adds the URL check, outcomes records each verdict "
+         "(two declared layers), sessions calls it for /session/*"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("limits", "engine_close"),
+         "the engine call of every request and of the benchmark: timeouts recorded for the 504 (limits), "
+         "the engine's answer closed when its request ends (engine_close)"),
+    Hook("engine_session", "Backend", "session", "set", ("limits",),
+         "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
+         "the instance's __dict__ before the SDK's first use"),
+    Hook("fetch_pubkey", "Backend", "_fetch_pubkey", "replace", ("pubkey_retry",),
+         "the SDK's 5-try key fetch, replaced by one with backoff that does not give up"),
+    Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
+         "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
+    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes"),
+         "the platform's public key the SDK checks signatures with: set by pubkey_retry, read by outcomes"),
+    Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
+         "the SDK's reading of UNSECURED, checked to be the worker's"),
+    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes"),
+         "the Backend's Metrics (status reports, request outcomes)"),
+    Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
+    Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read", ("not_ready", "report_soon"),
+         "set once the benchmark ran: 503 before it, the loaded report right after it"),
+    Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
+         "marks the model loaded: held back until the public key is there"),
+    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes",),
+         "queues a refused request's outcome: a forged one counts no load"),
+    Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
+         "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
+    Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "call", ("report_soon",),
+         "sends a status report: the loaded one goes at once, not at the SDK's next 10 s tick"),
+    Hook("update_pending", "Metrics", "update_pending", "set", ("report_soon",),
+         "asks the SDK's loop for a report at its next tick (when the immediate one did not go)"),
+    Hook("last_metric_update", "Metrics", "last_metric_update", "read", ("report_soon",),
+         "stamped by a report that went through"),
+    Hook("web", SERVER_MODULE, "web", "replace", ("own_url", "sessions", "self_update", "limits", "not_ready",
+                                                  "envelope", "http_listener", "outcomes", "drain"),
+         "the aiohttp.web the SDK builds its apps with: a shim adds bakery's middlewares, body limit, header "
+         "timeout, startup hooks and the second listener's host"),
+    Hook("open_file", BACKEND_MODULE, "open_file", "replace", ("log_tail",),
+         "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
+    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes"),
+         "the envelope type the signature check takes"),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
+         "a request's outcome, for a refusal the SDK never saw"),
+    Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
+         "the SDK's handlers of each route, to count a refused request's workload", required=False),
+    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core",),
+         "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
+         required=False),
+    Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "read", ("core",),
+         "its from_json_msg computes inspect.signature 7 times per request: given a __signature__",
+         required=False),
+)
+BY_KEY: dict[str, Hook] = {hook.key: hook for hook in HOOKS}
+INSTANCE_OWNERS = ("Backend", "Metrics")
+
+
+def hook(key: str) -> Hook:
+    return BY_KEY[key]
+
+
+def _gone(hook_: Hook, who: str, detail: str = "") -> GuardError:
+    return GuardError(f"{who}: the SDK has no {hook_.where} any more{detail} (vastai changed; checked against "
+                      f"vastai {hook_.checked}): update the hook {hook_.key!r} in {SEAM_FILE}")
+
+
+def _lookup(obj: Any, attr: str) -> Any:
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def find(obj: Any, key: str, who: str) -> Any:
+    """The hook `key` on `obj` (a Backend or its Metrics), or GuardError naming `who` and the hook."""
+    hook_ = BY_KEY[key]
+    try:
+        return _lookup(obj, hook_.attr)
+    except AttributeError:
+        raise _gone(hook_, who) from None
+
+
+def get(obj: Any, key: str) -> Any:
+    """The hook's current value on `obj`, unchecked (per request: check it once with find())."""
+    return getattr(obj, BY_KEY[key].attr)
+
+
+def put(obj: Any, key: str, value: Any) -> None:
+    """Set the hook on the instance `obj` (its own attribute: the class is not touched)."""
+    setattr(obj, BY_KEY[key].attr, value)
+
+
+def wrap(obj: Any, key: str, who: str, make: Callable[[Any], Any]) -> Any:
+    """Replace the hook on `obj` by `make(current)`; returns what it replaced."""
+    inner = find(obj, key, who)
+    put(obj, key, make(inner))
+    return inner
+
+
+
+
+def module_hook(key: str, who: str) -> tuple[Any, Any]:
+    """(the SDK module, the hook's value in it), or GuardError naming `who`."""
+    hook_ = BY_KEY[key]
+    module = sys.modules.get(hook_.owner)
+    if module is None:
+        raise _gone(hook_, who, " (its module is not loaded)")
+    try:
+        return module, getattr(module, hook_.attr)
+    except AttributeError:
+        raise _gone(hook_, who) from None
+
+
+def replace_in_module(key: str, who: str, value: Any) -> Any:
+    """Set the module hook `key` to `value`; returns what it replaced."""
+    module, old = module_hook(key, who)
+    setattr(module, BY_KEY[key].attr, value)
+    return old
+
+
+
+
+# --------------------------------------------------------------------------- named uses
+
+
+def check_signature(backend: Any, auth_data: Any) -> bool:
+    """The signature check as a request meets it now (with every guard's layer)."""
+    return getattr(backend, BY_KEY["check_signature"].attr)(auth_data)
+
+
+
+
+def require_session_property(backend: Any, who: str) -> None:
+    """GuardError unless the Backend's `session` is still a cached_property (set_engine_session needs it)."""
+    if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
+        raise GuardError(f"{who}: the SDK's Backend.session is no longer a cached_property (vastai changed; "
+                         f"checked against vastai {SDK_VERSION}): update the hook 'engine_session' in {SEAM_FILE}")
+
+
+def has_engine_session(backend: Any) -> bool:
+    return "session" in backend.__dict__
+
+
+def set_engine_session(backend: Any, session: Any) -> None:
+    """Make `session` the one the Backend's cached_property returns (before the SDK's first use)."""
+    backend.__dict__["session"] = session
+
+
+def real_web(who: str) -> Any:
+    """aiohttp.web as the SDK's server module holds it (under the shim, if one is installed)."""
+    module = sys.modules.get(SERVER_MODULE)
+    web = getattr(module, "web", None)
+    if web is None:
+        raise GuardError(f"{who}: the SDK module {SERVER_MODULE} (or its `web`) is gone (vastai changed; checked "
+                         f"against vastai {SDK_VERSION}): update the hook 'web' in {SEAM_FILE}")
+    return web._real if isinstance(web, WebShim) else web
+
+
+class WebShim:
+    """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
+    AppRunner and TCPSite also get what `parts` holds (the guards' Context: middlewares with their
+    ranks, app and runner arguments, startup hooks, a listener's host by port)."""
+
+    def __init__(self, real: Any, parts: Any):
+        self._real = real
+        self._parts = parts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def Application(self, *args: Any, **kwargs: Any) -> Any:
+        parts = self._parts
+        kwargs.update(parts.app_kwargs)
+        own = [mw for _, mw in sorted(parts.middlewares, key=lambda item: item[0])]
+        kwargs["middlewares"] = [*own, *kwargs.get("middlewares", ())]
+        app = self._real.Application(*args, **kwargs)
+        for startup in parts.on_startup:
+            app.on_startup.append(startup)
+        return app
+
+    def AppRunner(self, app: Any, **kwargs: Any) -> Any:
+        return self._real.AppRunner(app, **{**self._parts.runner_kwargs, **kwargs})
+
+    def TCPSite(self, runner: Any, *args: Any, **kwargs: Any) -> Any:
+        host = self._parts.site_hosts.get(kwargs.get("port"))  # type: ignore[arg-type]
+        if host is not None:
+            kwargs["host"] = host
+        return self._real.TCPSite(runner, *args, **kwargs)
+
+
+def install_web(real: Any, parts: Any) -> None:
+    """Make the SDK's server module build its apps through a WebShim over `real` with `parts`."""
+    replace_in_module("web", "install", WebShim(real, parts))
+
+
+# --------------------------------------------------------------------------- checking at start
+
+
+def missing(worker: Any, required_only: bool = True) -> list[Hook]:
+    """The hooks of HOOKS that `worker` (a real SDK Worker, not yet run) and the loaded SDK modules lack."""
+    backend = getattr(worker, "backend", None)
+    owners = {"Backend": backend, "Metrics": getattr(backend, "metrics", None)}
+    gone = []
+    for hook_ in HOOKS:
+        if required_only and not hook_.required:
+            continue
+        if hook_.key == "engine_session":  # looked up on the class: reading it would open a session
+            if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
+                gone.append(hook_)
+            continue
+        obj = owners[hook_.owner] if hook_.owner in INSTANCE_OWNERS else sys.modules.get(hook_.owner)
+        try:
+            _lookup(obj, hook_.attr)
+        except AttributeError:
+            gone.append(hook_)
+    return gone
+
+
+def describe_missing(gone: list[Hook]) -> str:
+    """One line naming each missing hook and who needs it."""
+    items = "; ".join(f"{h.where} (hook {h.key!r}, used by {', '.join(h.users)})" for h in gone)
+    return (f"the SDK lacks what the worker hooks into: {items} (vastai changed; checked against vastai "
+            f"{SDK_VERSION}): update {SEAM_FILE}")
