@@ -13,6 +13,9 @@ The release path, one platform per job, then one manifest job per release (.gith
     python -m bakery.release assemble RECORDS...        check every pushed digest's config IS the verified
                                                         image id, then `docker buildx imagetools create`
                                                         the release tags from those digests only
+    python -m bakery.release sign --record R --key K    sign exactly the record's verified digest with your
+                                                        own cosign key (bakery.release.sign; the workflows
+                                                        sign keylessly with the same cosign calls)
 
 Where buildx does not exist (this project's own test machines), `assemble --tool manifest` makes the
 same index from the same digests with the Docker CLI's `docker manifest create/push`, and
@@ -394,7 +397,7 @@ def write_sbom(out: Path, *, record: Path | None = None, image: str | None = Non
 
 @cli_main("bakery.release")
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bakery.release matrix|verify|assemble|sbom`; exit 0 ok, 1 failed gate/build, 2 bad input."""
+    """`python -m bakery.release matrix|verify|assemble|sbom|sign`; exit 0 ok, 1 failed gate/build, 2 bad input."""
     parser = argparse.ArgumentParser(prog="python -m bakery.release", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     mx = sub.add_parser("matrix", help="print the GitHub Actions matrix (JSON) of bake targets")
@@ -429,8 +432,27 @@ def main(argv: list[str] | None = None) -> int:
                           "create/push, where buildx is missing")
     asm.add_argument("--rehearsal", action="store_true",
                      help="assemble local records (tags ...-local) to rehearse a release on this machine")
+    sg = sub.add_parser("sign", help="sign the verified digest of a record (or of build.py --push --json) with "
+                                     "cosign, after checking the registry still holds the verified image there")
+    source = sg.add_mutually_exclusive_group(required=True)
+    source.add_argument("--record", type=Path, help="a verified record (bakery.release verify --push)")
+    source.add_argument("--summary", type=Path, help="build.py --push --json's summary: what it pushed")
+    sg.add_argument("--key", help="a cosign private key (its password in $COSIGN_PASSWORD); default: keyless")
+    sg.add_argument("--sbom", type=Path, help="also attest this CycloneDX SBOM (python -m bakery.release sbom)")
+    sg.add_argument("--offline", action="store_true",
+                    help="upload nothing to Sigstore's transparency log (--tlog-upload=false)")
+    sg.add_argument("--tool", choices=sorted(INSPECT), default="imagetools", help="how to read the registry")
     args = parser.parse_args(argv)
-    if args.command == "matrix":
+    if args.command == "sign":
+        from bakery.release.sign import sign_verified, summary_records
+
+        records = [VerifiedRecord.read(args.record)] if args.record else summary_records(args.summary)
+        if args.sbom and len(records) != 1:
+            raise InputError("--sbom goes with one signed image; this summary pushed several: sign each record")
+        for ref in sign_verified(records, key=args.key, offline=args.offline, inspect=INSPECT[args.tool],
+                                 sboms={records[0].target: args.sbom} if args.sbom else {}):
+            print(ref)
+    elif args.command == "matrix":
         print(json.dumps(matrix(args.engine or available_engines(), local=args.local)))
     elif args.command == "verify":
         if (args.provenance or args.override) and not (args.push and args.provenance):

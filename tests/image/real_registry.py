@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -33,19 +32,9 @@ import pytest
 import yaml
 
 from bakery.build.verify import GateResult, run_gate
+from tests.host_tools import require_tool
 
 START_TIMEOUT = 20.0  # seconds until a started registry must answer /v2/; it takes ~0.1 s here
-
-
-def require_tool(name: str) -> str:
-    """The path of `name`; a missing tool fails under CI=true and skips elsewhere."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed: run scripts/setup-host (apt-get install docker-registry skopeo)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; CI=true needs it")
-        pytest.skip(message)
-    return path
 
 
 def free_port() -> int:

@@ -1,94 +1,111 @@
-"""Each bake target, built exactly as the bake file defines it, yields an image that passes the gate.
+"""`docker buildx bake` builds the bake file `build.py --bake-file` writes, and its images pass the gate.
 
-This machine has no buildx (Docker 20.10, classic builder), so the target is built through the
-Docker SDK from the file's own values: context, dockerfile, args, tags, labels (its platform is this
-machine's, which the file says). Where buildx exists, `docker buildx bake --print` must accept the file.
-Only local-base targets can build here (no registry); vLLM's stand-in is the default, the fastest.
-BAKERY_BAKE_TEST_ENGINES="llama sglang vllm" builds the others too.
+For real, on this machine's Docker engine: buildx (Debian 13's docker-buildx, from scripts/setup-host)
+with its default `docker` driver builds the local targets in the engine's own BuildKit, which sees
+the locally made bases (a docker-container builder would need the moby/buildkit image, which cannot
+be pulled here). Each loaded image must carry exactly the candidate tag and labels its plan gives
+(bakery.release.bakefile.read_target), bake's metadata must name that image, and
+`bakery.release verify` (the release job's step after bake) must pass the real gate on it and
+record it. A missing buildx fails under CI=true. The vLLM and SGLang stand-ins are the default
+(the fastest to gate); BAKERY_BAKE_TEST_ENGINES="llama sglang vllm" builds llama.cpp too.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bakery.bases import make as bases
-from bakery.build.verify import run_gate
-from bakery.docker.build import build
-from bakery.recipe.build_facts import BuildFacts
-from bakery.recipe.plan import BuildOptions, host_platform, make_plan
-from bakery.release.bakefile import engine_of, load_bake_file, write_bake_file
+from bakery.recipe.plan import host_platform
+from bakery.release.bakefile import load_bake_file, read_target
 from bakery.release.ci import VerifiedRecord, verify_target
 from bakery.spec.engine_spec import available_engines, load_engine
+from tests.host_tools import require_buildx
+from tests.image.real_registry import remove_tags
 
 REPOSITORY = "bakery-test-bake"  # tags of this test only, removed afterwards
-ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm").split()
+ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm sglang").split()
+ROOT = Path(__file__).resolve().parents[2]
+ARCH = host_platform().split("/")[1]
+
+
+def build_py_bake_file(directory: Path, engines: list[str]) -> Path:
+    """`python build.py --engine E... --local --bake-file DIR/docker-bake.json`: the file users build."""
+    path = directory / "docker-bake.json"
+    args = [arg for name in engines for arg in ("--engine", name)]
+    proc = subprocess.run([sys.executable, "build.py", *args, "--local", "--repository", REPOSITORY,
+                           "--bake-file", str(path)], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return path
 
 
 @pytest.fixture(scope="module")
-def bake_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A --local bake file for every engine (all targets are written; the chosen ones are built)."""
-    path = tmp_path_factory.mktemp("bake") / "docker-bake.json"
-    options, facts = BuildOptions(local=True, repository=REPOSITORY), BuildFacts.of_checkout()
-    return write_bake_file([make_plan(load_engine(name), options, facts) for name in available_engines()], path,
-                           quiet=True)
+def every_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A --local bake file of every engine (only its layout is checked)."""
+    return build_py_bake_file(tmp_path_factory.mktemp("bake-all"), available_engines())
 
 
-def test_every_engine_has_a_target_for_this_machine(bake_file: Path) -> None:
-    bake = load_bake_file(bake_file)
-    arch = host_platform().split("/")[1]
-    assert sorted(bake["target"]) == [f"{name}-{arch}" for name in available_engines()]
+def test_every_engine_has_a_target_for_this_machine(every_target: Path) -> None:
+    bake = load_bake_file(every_target)
+    assert sorted(bake["target"]) == [f"{name}-{ARCH}" for name in available_engines()]
     for name, target in bake["target"].items():
-        context = bake_file.parent / target["context"]
+        context = every_target.parent / target["context"]
         assert (context / target["dockerfile"]).is_file() and any((context / "wheels").glob("pip-*.whl"))
         assert target["platforms"] == [host_platform()], name
 
 
-def test_buildx_accepts_the_file_where_it_exists(bake_file: Path) -> None:
-    docker = shutil.which("docker")
-    if not docker or subprocess.run([docker, "buildx", "version"], capture_output=True, check=False).returncode:
-        pytest.skip("docker buildx is not installed here (GitHub's runners have it; images.yml runs --print)")
-    proc = subprocess.run([docker, "buildx", "bake", "-f", bake_file.name, "--print"], cwd=bake_file.parent,
-                          capture_output=True, text=True, check=False)
+def test_buildx_accepts_the_file(every_target: Path) -> None:
+    proc = subprocess.run([*require_buildx(), "bake", "-f", every_target.name, "--print"],
+                          cwd=every_target.parent, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)["target"]) == set(load_bake_file(every_target)["target"])
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory: pytest.TempPathFactory, docker_client) -> dict:
+    """`docker buildx bake --load --metadata-file M T...` for real, from the bake file's directory."""
+    buildx = require_buildx()
+    builder = subprocess.run([*buildx, "inspect"], capture_output=True, text=True, check=False).stdout
+    assert "Driver:" in builder and "docker\n" in builder.split("Driver:", 1)[1][:40], builder
+    for name in ENGINES:
+        bases.ensure_base("debian")
+        bases.ensure_base(load_engine(name).base.local)
+    path = build_py_bake_file(tmp_path_factory.mktemp("bake"), ENGINES)
+    targets = [f"{name}-{ARCH}" for name in ENGINES]
+    metadata = path.parent / "metadata.json"
+    proc = subprocess.run([*buildx, "bake", "--load", "--progress", "plain", "--metadata-file", metadata.name,
+                           *targets], cwd=path.parent, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield {"path": path, "targets": targets, "metadata": metadata}
+    remove_tags(docker_client, f"{REPOSITORY}/")
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)
-def test_target_built_as_defined_passes_the_gate(engine_name: str, bake_file: Path, docker_client,
-                                                 tmp_path: Path) -> None:
-    bake = load_bake_file(bake_file)
-    target_name = f"{engine_name}-{host_platform().split('/')[1]}"
-    target = bake["target"][target_name]
-    spec = load_engine(engine_of(target_name))
-    bases.ensure_base("debian")
-    bases.ensure_base(spec.base.local)
-    built = build(bake_file.parent / target["context"], lambda _m: None, buildargs=target["args"],
-                  tag=target["tags"][0], labels=target["labels"], dockerfile=target["dockerfile"])
-    try:
-        for extra in target["tags"][1:]:
-            repo, _, tag = extra.rpartition(":")
-            docker_client.images.get(built.image_id).tag(repo, tag)
-        image = docker_client.images.get(built.image_id)
-        assert set(target["tags"]) <= set(image.tags)
-        labels = image.labels
-        assert {k: labels.get(k) for k in target["labels"]} == target["labels"], "the file's labels"
-        assert labels["org.opencontainers.image.revision"] == target["args"]["BAKERY_REVISION"]
-        assert labels["org.opencontainers.image.created"] == target["args"]["BAKERY_CREATED"]
-        assert f"{image.attrs['Os']}/{image.attrs['Architecture']}" == target["platforms"][0]
+def test_baked_image_carries_its_plan_and_passes_the_gate(engine_name: str, baked: dict, docker_client,
+                                                          tmp_path: Path) -> None:
+    target_name = f"{engine_name}-{ARCH}"
+    planned = read_target(baked["path"], target_name)  # the plan the target was written from
+    target = load_bake_file(baked["path"])["target"][target_name]
+    image = docker_client.images.get(planned.tag)
+    assert target["tags"] == [planned.tag] and image.tags == [planned.tag], "only the candidate tag"
+    # The engine's BuildKit writes the image into the engine's store: its id is the config digest.
+    assert json.loads(baked["metadata"].read_text())[target_name]["containerimage.digest"] == image.id
+    labels = image.labels
+    assert {k: labels.get(k) for k in target["labels"]} == target["labels"], "the file's labels"
+    assert labels["ai.bakery.variant"] == planned.plan.variant == "local"
+    assert labels["ai.bakery.engine"] == engine_name
+    assert labels["org.opencontainers.image.revision"] == target["args"]["BAKERY_REVISION"]
+    assert labels["org.opencontainers.image.created"] == target["args"]["BAKERY_CREATED"]
+    assert f"{image.attrs['Os']}/{image.attrs['Architecture']}" == planned.platform == host_platform()
 
-        gate = run_gate(built.image_id, spec.name, variant="local", quiet=True)
-        assert gate.passed, f"failed: {gate.failed}\n{gate.output[-3000:]}"
-
-        # The CI step after the build: record the verified image and give it its (local) release tags.
-        record = verify_target(bake_file, target_name, records=tmp_path / "records", gate=lambda *_a, **_k: gate)
-        assert record.image_id == built.image_id and record.checks_run == gate.ran
-        assert VerifiedRecord.read(tmp_path / "records" / f"{target_name}.json") == record
-        assert set(record.tags) <= set(docker_client.images.get(built.image_id).tags)
-    finally:
-        for ref in docker_client.images.get(built.image_id).tags:
-            if ref.startswith(f"{REPOSITORY}/"):
-                docker_client.images.remove(ref)
+    # The release job's step after bake: the real gate (bakery.build.verify.run_gate) on THAT image,
+    # then its (local) release tags and a record.
+    record = verify_target(baked["path"], target_name, records=tmp_path / "records")
+    assert record.image_id == image.id and record.checks_run > 0
+    assert VerifiedRecord.read(tmp_path / "records" / f"{target_name}.json") == record
+    assert sorted(docker_client.images.get(image.id).tags) == sorted([planned.tag, *planned.plan.tags])

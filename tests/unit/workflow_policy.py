@@ -22,7 +22,10 @@ rule, so a test can plant a broken copy and see the rule fire:
   read-back compares the config digest before recording); the verified image's SBOM is extracted
   from the record's image after the gate and kept as an artifact; every `cosign sign`/`attest`
   comes after `bakery.release assemble` in its job, takes its refs from the verified records, is
-  keyless, and the SBOM attestation is CycloneDX; `id-token: write` only where cosign runs.
+  keyless, and the SBOM attestation is CycloneDX; each cosign call is, word for word, the keyless
+  form of the call `bakery.release.sign` makes (sign_command, attest_command), which
+  tests/image/test_cosign_registry.py runs for real with a key pair; `id-token: write` only where
+  cosign runs.
 
 `lock_problems()` checks that requirements-dev.lock pins every requirement of requirements-dev.txt
 to a version it allows, with at least one hash per entry.
@@ -31,12 +34,15 @@ to a version it allows, with at least one hash per entry.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+from bakery.release.sign import attest_command, sign_command
 
 PR_EVENTS = {"pull_request", "pull_request_target"}
 AFTER_PR_EVENTS = {"workflow_run"}  # runs with the base token after (possibly) a pull request's workflow
@@ -202,6 +208,8 @@ def lock_problems(requirements: Path, lock: Path) -> list[str]:
 # A way out of the runner that is not bakery.release (which gates, then pushes, reads back and records).
 PUSHES = re.compile(r"docker\s+push\b|buildx\s+bake\b[^\n]*--push\b|push=true|type=registry|imagetools\s+create")
 VERIFIED_REFS = ('"$RECORDS_DIR"/*.json', '.repository + "@" + .digest')
+# The tested cosign calls (bakery.release.sign), keyless, with the workflow's own shell variables.
+TESTED_COSIGN = {"sign": sign_command("$ref"), "attest": attest_command("$ref", "$SBOM_DIR/$target.cdx.json")}
 
 
 def _steps(flow: dict[str, Any], job: str) -> list[dict[str, Any]]:
@@ -279,6 +287,12 @@ def _signing_violations(name: str, job_name: str, job: dict[str, Any]) -> list[s
                          'as "$ref")')
         if "--key" in script:
             found.append(f"{where}: cosign with --key: the release signs keylessly")
+        for call in calls:
+            words = shlex.split(call)
+            tested = TESTED_COSIGN.get(words[1] if len(words) > 1 else "", [])
+            if words != tested:
+                found.append(f"{where}: `{call}` is not the tested cosign call (bakery.release.sign): "
+                             f"{shlex.join(tested)}")
         if "cosign attest" in script and not ("--type cyclonedx" in script and '--predicate "$SBOM_DIR/' in script):
             found.append(f"{where}: the SBOM attestation is not the CycloneDX SBOM of $SBOM_DIR")
     if "id-token" in _writes(job.get("permissions")) and not signing:
