@@ -185,8 +185,11 @@ DECLARED: dict[tuple[str, str], str] = {
     ("bakery/spec/engine_spec.py", "other BACKEND values that mean this engine"): "a field's description (example)",
     ("bakery/spec/engine_spec.py", ": must be host/owner/name"): "an error's example of a repository name",
     **{(path, name): "upstream's fixed model-id precedence (pyworker #88), read after the image's own variable"
-       for path in ("worker/workers/openai/core.py", "worker/workers/openai/client.py")
+       for path in ("worker/workers/openai/core.py", "worker/workers/openai/client.py",
+                    "worker/workers/openai/config.py")
        for name in ("VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")},
+    **{("worker/workers/openai/config.py", f"upstream's {engine} model variable"): "the configuration table's "
+       "description of upstream's model variables" for engine in ("vLLM", "SGLang", "llama.cpp")},
     **{("worker/workers/openai/routes.py", start): "a route's note on vLLM-Omni's batch answers (upstream's route)"
        for start in ("vLLM-Omni", "=/v1/audio/speech/batch: vLLM-Omni")},
 }
