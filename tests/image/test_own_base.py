@@ -30,6 +30,7 @@ SPEC = {
     "version": "2.0.0",
     "source": "https://github.com/example/zeta",
     "base": {"image": "example/zeta:2.0.0"},
+    "template": "base.Dockerfile.j2",  # one YAML file: the skeleton serves it as it is
     "engine": {"command": ["vllm", "serve", "${ZETA_MODEL}", "--host", "127.0.0.1", "--port", "18000"],
                "model_var": "ZETA_MODEL", "args_var": "ZETA_ARGS"},
     "bake": {"env": {"BACKEND": "zeta", "MODEL_LOG": "/var/log/portal/zeta.log",
@@ -56,7 +57,9 @@ def build(images: Path, base: str, *extra: str) -> tuple[int, dict[str, Any], st
     done = subprocess.run([sys.executable, str(REPO_ROOT / "build.py"), "--images-dir", str(images), "--engine",
                            "zeta", "--base-image", base, *extra, "--json"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=1800, check=False)
-    return done.returncode, json.loads(done.stdout), done.stderr
+    summary = json.loads(done.stdout)
+    assert "engines" in summary, f"build.py exited {done.returncode}: {summary}\n{done.stderr[-3000:]}"
+    return done.returncode, summary, done.stderr
 
 
 @pytest.mark.serve

@@ -32,8 +32,9 @@ BUDGET_MB = 80
 
 @cache
 def interpreter(version: str) -> Path | None:
-    """A CPython `version` on this machine (pyenv's, then PATH), or None."""
-    candidates = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"), reverse=True)
+    """A CPython `version` on this machine (pyenv's, at $PYENV_ROOT or ~/.pyenv, then PATH), or None."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates = sorted(pyenv.glob(f"versions/{version}.*/bin/python{version}"), reverse=True)
     on_path = shutil.which(f"python{version}")
     candidates += [Path(on_path)] if on_path else []
     for candidate in candidates:
