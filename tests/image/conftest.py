@@ -277,8 +277,13 @@ def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pyt
     selected = {getattr(item, "originalname", item.name) for item in request.session.items
                 if not item.get_closest_marker("skip")}
     wanted = {name for name, users in SIDE_USERS.items() if users & selected}
-    if engine_facts.facts(image.spec).local_route is None:
+    engine = engine_facts.facts(image.spec)
+    if engine.local_route is None:
         wanted.discard("route")  # nothing to launch: its check skips
+    if not engine.fail_load_env:
+        wanted.discard("loadfail")  # a team's own base may say nothing of how to fail it: its check skips
+    if engine.long_answer is None:
+        wanted.discard("drain")
     registry = Containers(docker_client)
     yield SideLaunches(registry, image, wanted)
     registry.remove_all()

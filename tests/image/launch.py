@@ -78,10 +78,16 @@ def gate_model(spec: EngineSpec) -> str | None:
     return facts(spec).local_model
 
 
+# The model variable's value on a team's own base whose model is not named: the entry point refuses to
+# boot without one (a launch template must set it), and the checks that run there (configuration,
+# resolution) need the worker up, not the engine serving, as on a production base without its GPU.
+UNNAMED_MODEL = "bakery-gate/model-not-named"
+
+
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
-    env = {"SERVERLESS": "true", **facts(spec).launch_env(gate_model(spec)), **PLATFORM_ENV, **BENCHMARK_ENV,
-           **GRACE_ENV}
+    env = {"SERVERLESS": "true", **facts(spec).launch_env(gate_model(spec) or UNNAMED_MODEL), **PLATFORM_ENV,
+           **BENCHMARK_ENV, **GRACE_ENV}
     env.update(overrides)
     return env
 

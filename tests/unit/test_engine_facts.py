@@ -53,19 +53,20 @@ def test_unknown_engine_names_the_fix() -> None:
         engine_facts.engine_facts("tgi")
 
 
-def test_a_base_whose_model_is_not_known_launches_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_base_whose_model_is_not_known_never_gets_the_local_model(monkeypatch: pytest.MonkeyPatch) -> None:
     # A team's own base (--base-image) serves the model --base-model names, or none known: the gate
-    # then sets no model variable (never the local base's model, which that base does not have).
+    # then sets a placeholder the entry point boots with (never the local base's model, which that
+    # base does not have), and its serve checks do not run.
     from bakery.build.verify import GATE_BASE_VAR, GATE_MODEL_VAR
     from bakery.spec.engine_spec import load_engine
-    from tests.image.launch import gate_model, serverless_env
+    from tests.image.launch import UNNAMED_MODEL, gate_model, serverless_env
 
     vllm = load_engine("vllm")
     model_var = engine_facts.facts(vllm).model_var
     assert engine_facts.facts(vllm).launch_env(None) == {}
     monkeypatch.setenv(GATE_BASE_VAR, "custom")
     monkeypatch.delenv(GATE_MODEL_VAR, raising=False)
-    assert gate_model(vllm) is None and model_var not in serverless_env(vllm)
+    assert gate_model(vllm) is None and serverless_env(vllm)[model_var] == UNNAMED_MODEL
     monkeypatch.setenv(GATE_MODEL_VAR, "/team/model")
     assert serverless_env(vllm)[model_var] == "/team/model"
     monkeypatch.setenv(GATE_BASE_VAR, "production")
