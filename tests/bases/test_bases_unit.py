@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from bakery.errors import BuildError, InputError
 
 
 def test_catalogue_names_refs_and_parents() -> None:
-    assert list(bases.BASES) == ["debian", "debian-nopython", "vllm-standin", "sglang-standin", "llama-cpp"]
+    assert list(bases.BASES) == ["debian", "debian-nopython", "vllm-standin", "sglang-standin", "llama-cpp",
+                                 "vllm-cpu"]
     assert bases.BASES["debian"].ref == "bakery-local/debian:bookworm"
     assert bases.BASES["vllm-standin"].ref == "bakery-local/vllm-standin:0.33.0"
     assert bases.BASES["sglang-standin"].ref == "bakery-local/sglang-standin:0.5.23"
@@ -20,6 +22,36 @@ def test_catalogue_names_refs_and_parents() -> None:
         assert base.description
         assert base.parent in (None, *bases.BASES)
     assert "STAND-IN" in bases.BASES["vllm-standin"].description
+    # The real vLLM is gigabytes: only made when named, never by `python -m bakery.bases` alone.
+    assert [name for name, base in bases.BASES.items() if not base.by_default] == ["vllm-cpu"]
+
+
+_PINNED_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+) --hash=sha256:[0-9a-f]{64}$")
+
+
+@pytest.mark.parametrize("name", ["requirements.txt", "convert-requirements.txt"])
+def test_vllm_cpu_requirements_are_exact_pins_with_hashes(name: str) -> None:
+    lines = [line for line in (bases.VLLM_CPU_DIR / name).read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    pins = {}
+    for line in lines:
+        match = _PINNED_LINE.match(line)
+        assert match, f"{name}: not `name==version --hash=sha256:...`: {line!r}"
+        key = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+        assert key not in pins, f"{name}: {key} twice"
+        pins[key] = match.group(2)
+    if name == "requirements.txt":
+        assert pins["vllm-cpu"] == bases.VLLM_CPU_VERSION
+        assert pins["torch"] == "2.13.0"
+        # torch imports and vLLM serves on CPU without these (docs/engines.md, "A real vLLM on CPU").
+        assert not {"triton", "cuda-bindings", "cuda-toolkit", "cuda-pathfinder"} & set(pins)
+
+
+def test_vllm_cpu_model_pins_name_the_in_image_directory() -> None:
+    entries = [line.split("  ", 1) for line in (bases.VLLM_CPU_DIR / "model.sha256").read_text().splitlines()]
+    assert {Path(path).parent.as_posix() for _sha, path in entries} == {bases.BASES["vllm-cpu"].serves}
+    assert "model.safetensors" in {Path(path).name for _sha, path in entries}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _path in entries)
 
 
 def test_inputs_hash_follows_parent_and_context() -> None:
