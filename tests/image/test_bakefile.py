@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bakery.bases import make as bases
+from bakery.paths import REPO_ROOT
 from bakery.recipe.plan import host_platform
 from bakery.release.bakefile import load_bake_file, read_target
 from bakery.release.ci import VerifiedRecord, verify_target
@@ -30,7 +31,6 @@ from tests.image.real_registry import remove_tags
 
 REPOSITORY = "bakery-test-bake"  # tags of this test only, removed afterwards
 ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm sglang").split()
-ROOT = Path(__file__).resolve().parents[2]
 ARCH = host_platform().split("/")[1]
 
 
@@ -39,7 +39,7 @@ def build_py_bake_file(directory: Path, engines: list[str]) -> Path:
     path = directory / "docker-bake.json"
     args = [arg for name in engines for arg in ("--engine", name)]
     proc = subprocess.run([sys.executable, "build.py", *args, "--local", "--repository", REPOSITORY,
-                           "--bake-file", str(path)], cwd=ROOT, capture_output=True, text=True, check=False)
+                           "--bake-file", str(path)], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     return path
 

