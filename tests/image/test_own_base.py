@@ -21,24 +21,12 @@ import yaml
 from bakery.bases import make as bases
 from bakery.spec.base_catalogue import BASES
 from bakery.spec.engine_spec import REPO_ROOT
+from tests.zeta import STANDIN_MODEL, zeta_spec
 
 TEAM_BASE = "vllm-standin"
-TEAM_MODEL = "standin/tiny-chat"  # the model the stand-in base serves
-SPEC = {
-    "name": "zeta",
-    "description": "zeta, an engine on a team's own base",
-    "version": "2.0.0",
-    "source": "https://github.com/example/zeta",
-    "base": {"image": "example/zeta:2.0.0"},
-    "template": "base.Dockerfile.j2",  # one YAML file: the skeleton serves it as it is
-    "engine": {"command": ["vllm", "serve", "${ZETA_MODEL}", "--host", "127.0.0.1", "--port", "18000"],
-               "model_var": "ZETA_MODEL", "args_var": "ZETA_ARGS"},
-    "bake": {"env": {"BACKEND": "zeta", "MODEL_LOG": "/var/log/portal/zeta.log",
-                     "MODEL_LOAD_LOG_MSG": ["Application startup complete."],
-                     "MODEL_ERROR_LOG_MSGS": ["INFO exited: zeta", "EngineCore failed to start."],
-                     "MODEL_INFO_LOG_MSGS": ['"message":"Download'], "MODEL_HEALTH_ENDPOINT": "/health"},
-             "expose": [3000]},
-}
+TEAM_MODEL = STANDIN_MODEL  # the model the team's base serves
+# No local base: no base.local and none of the keys only a local base has.
+SPEC = zeta_spec("zeta, an engine on a team's own base", {})
 
 
 @pytest.fixture(scope="module")

@@ -18,24 +18,11 @@ import yaml
 
 from bakery.recipe.rendered import REGENERATE
 from bakery.spec.engine_spec import REPO_ROOT
+from tests.zeta import STANDIN_MODEL, zeta_spec
 
-ZETA = {
-    "name": "zeta",
-    "description": "zeta, a fourth engine that is one YAML file",
-    "version": "2.0.0",
-    "source": "https://github.com/example/zeta",
-    "base": {"image": "example/zeta:2.0.0", "local": "vllm-standin", "local_model": "standin/tiny-chat",
-             "local_fail_load": {"env": {"STANDIN_FAIL_LOAD": "1"}},
-             "local_long_answer": {"env": {"STANDIN_TOKEN_DELAY": "0.1", "STANDIN_REPLY_TOKENS": "20"}, "tokens": 20}},
-    "template": "base.Dockerfile.j2",
-    "engine": {"command": ["vllm", "serve", "${ZETA_MODEL}", "--host", "127.0.0.1", "--port", "18000"],
-               "model_var": "ZETA_MODEL", "args_var": "ZETA_ARGS"},
-    "bake": {"env": {"BACKEND": "zeta", "MODEL_LOG": "/var/log/portal/zeta.log",
-                     "MODEL_LOAD_LOG_MSG": ["Application startup complete."],
-                     "MODEL_ERROR_LOG_MSGS": ["INFO exited: zeta", "EngineCore failed to start."],
-                     "MODEL_INFO_LOG_MSGS": ['"message":"Download'], "MODEL_HEALTH_ENDPOINT": "/health"},
-             "expose": [3000]},
-}
+ZETA = zeta_spec("zeta, a fourth engine that is one YAML file", {
+    "local": "vllm-standin", "local_model": STANDIN_MODEL, "local_fail_load": {"env": {"STANDIN_FAIL_LOAD": "1"}},
+    "local_long_answer": {"env": {"STANDIN_TOKEN_DELAY": "0.1", "STANDIN_REPLY_TOKENS": "20"}, "tokens": 20}})
 
 
 def _git(cwd: Path, *args: str) -> str:
