@@ -56,9 +56,10 @@ def run_engine(plan: BuildPlan, *, quiet: bool = False) -> dict[str, Any]:
         gate = run_gate(built.image_id, spec.name, variant=plan.variant, quiet=quiet, progress=progress,
                         images_dir=plan.images_dir, model=plan.base.model)
         summary.update(verified=gate.passed, checks_run=gate.ran, failed_checks=gate.failed,
-                       checks_not_run=gate.not_run, gate_seconds=round(gate.seconds, 1))
-        if gate.not_run:
-            progress(f"{len(gate.not_run)} checks not run: {gate.not_run_reason}")
+                       checks_not_run=gate.not_run, checks_not_run_reasons=gate.not_run_reasons,
+                       gate_seconds=round(gate.seconds, 1))
+        for reason, count in gate.not_run_reasons.items():
+            progress(f"{count} check{'s' if count > 1 else ''} not run: {reason}")
         if not gate.passed:
             progress(f"GATE FAILED: {', '.join(gate.failed) or 'no check ran'}; image left untagged")
             if not quiet:

@@ -47,7 +47,7 @@ class GateResult:
     seconds: float = 0.0
     output: str = ""
     not_run: list[str] = field(default_factory=list)  # checks that apply to the image but could not run here
-    not_run_reason: str = ""  # why (the skip reason of the first)
+    not_run_reasons: dict[str, int] = field(default_factory=dict)  # why (each skip reason, with its count)
 
 
 def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
@@ -81,7 +81,7 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
         report = _read_junit(junit)
     passed = proc.returncode == 0 and report.ran > 0 and not report.failed
     return GateResult(passed=passed, ran=report.ran, failed=report.failed, seconds=seconds, output="".join(lines),
-                      not_run=report.skipped, not_run_reason=report.skip_reason)
+                      not_run=report.skipped, not_run_reasons=report.skip_reasons)
 
 
 @dataclass
@@ -89,7 +89,7 @@ class _Report:
     ran: int = 0
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    skip_reason: str = ""
+    skip_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def _read_junit(path: Path) -> _Report:
@@ -101,7 +101,8 @@ def _read_junit(path: Path) -> _Report:
         skipped = case.find("skipped")
         if skipped is not None:
             report.skipped.append(case.get("name", "?"))
-            report.skip_reason = report.skip_reason or skipped.get("message", "")
+            reason = skipped.get("message", "").removeprefix("not run: ")
+            report.skip_reasons[reason] = report.skip_reasons.get(reason, 0) + 1
             continue
         report.ran += 1
         if case.find("failure") is not None or case.find("error") is not None:

@@ -59,7 +59,7 @@ def test_without_its_model_the_checks_needing_one_are_reported_not_run(team: tup
     not_run = {name.split("[")[0] for name in engine["checks_not_run"]}
     assert {"test_worker_reports_ready", "test_signed_completion_and_chat_through_worker"} <= not_run, \
         engine["checks_not_run"]
-    assert "checks not run: not run: this check needs the model the base serves" in err, err[-2000:]
+    assert "checks not run: this check needs the model the base serves" in err, err[-2000:]
     assert "--base-model" in err
 
 
