@@ -224,9 +224,11 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
     if name == "loadfail":
         # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
         # model file for a real engine). The errored status is sent as soon as the SDK marks the
-        # worker errored (report_soon sends the first report that ends loading, errored or loaded), so
-        # 5 s of grace before the container stops is ample.
-        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="5"), {}
+        # worker errored (report_soon), but the control-plane stand-in starts by `docker exec` after
+        # the container does: on a busy machine a real engine failed and 5 s of grace ran out before
+        # the stand-in listened (a fresh run beside a CPU-bound process), so no report could land.
+        # 20 s outlasts that start; the platform's control plane, unlike ours, is up before the boot.
+        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
     if name == "latekey":
         # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
         # exactly those, so only a worker that keeps asking ever gets it.
