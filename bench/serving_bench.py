@@ -46,17 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bakery.host import downloads  # noqa: E402
-from tests.worker.helpers import (  # noqa: E402
-    SDK_READY,
-    Proc,
-    ReportServer,
-    free_port,
-    free_port_pair,
-    start_llama,
-    start_worker,
-    worker_env_for,
-)
-from tests.worker.serving import envelope, start_served, start_standin  # noqa: E402
+from tests.worker.helpers import SDK_READY, Engine, Harness  # noqa: E402
+from tests.worker.serving import MODEL, envelope  # noqa: E402
 
 PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report", "routable")
 ROUTABLE_ENGINES = ("llama", "vllm")
@@ -164,12 +155,10 @@ def compare_streams(label: str, direct: list[Timing], ours: list[Timing]) -> Non
 
 
 def part_stream_llama(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
-    procs: list[Proc] = []
-    reports = ReportServer(pubkey)
-    try:
-        engine_port, log = free_port(), tmp / "llama.log"
-        start_llama(downloads.xllamacpp_python(), downloads.smollm2_model_path(), engine_port, log, procs)
-        served = start_served("llama", tmp, procs, reports, worker_python, engine_port, log, MODEL_NAME="smollm2")
+    with Harness(tmp, worker_python, pubkey) as harness:
+        engine = harness.llama(downloads.xllamacpp_python(), downloads.smollm2_model_path())
+        served = harness.serve("llama", engine, MODEL_NAME="smollm2")
+        engine_port = engine.port
         payload = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 150, "ignore_eos": True,
                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         raw = json.dumps(payload).encode()
@@ -180,10 +169,6 @@ def part_stream_llama(tmp: Path, runs: int, worker_python: Path, pubkey: str) ->
             for kind, port, body in order if i % 2 == 0 else order[::-1]:
                 (direct if kind == "d" else ours).append(stream_once(port, "/v1/completions", body))
         compare_streams("real llama.cpp, 150 tokens, one stream at a time", direct, ours)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        reports.close()
 
 
 def concurrent(port: int, body: bytes, clients: int) -> list[Timing]:
@@ -204,12 +189,11 @@ def concurrent(port: int, body: bytes, clients: int) -> list[Timing]:
 
 
 def part_stream_standin(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
-    procs: list[Proc] = []
-    reports = ReportServer(pubkey)
-    try:
-        engine_port, log = start_standin("vllm", tmp, procs, **PER_TOKEN_20MS)
-        served = start_served("vllm", tmp, procs, reports, worker_python, engine_port, log)
-        payload = {"model": "standin-model", "prompt": "stream", "stream": True}
+    with Harness(tmp, worker_python, pubkey) as harness:
+        engine = harness.standin("vllm", **PER_TOKEN_20MS)
+        served = harness.serve("vllm", engine, MODEL_NAME=MODEL)
+        engine_port = engine.port
+        payload = {"model": MODEL, "prompt": "stream", "stream": True}
         direct, ours = [], []
         for i in range(runs):
             first = i % 2 == 0
@@ -219,10 +203,6 @@ def part_stream_standin(tmp: Path, runs: int, worker_python: Path, pubkey: str) 
                 else:
                     ours += concurrent(served.port, envelope(payload, i + 1), 16)
         compare_streams("stand-in, 20 ms per token, 50 tokens, 16 concurrent streams", direct, ours)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        reports.close()
 
 
 def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[float, list[float]]:
@@ -264,12 +244,11 @@ def closed_loop(port: int, body: bytes, clients: int, seconds: float) -> tuple[f
 
 
 def part_latency(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None:
-    procs: list[Proc] = []
-    reports = ReportServer(pubkey)
-    try:
-        engine_port, log = start_standin("vllm", tmp, procs, **ANSWER_50MS)
-        served = start_served("vllm", tmp, procs, reports, worker_python, engine_port, log)
-        payload = {"model": "standin-model", "prompt": "fifty ms"}
+    with Harness(tmp, worker_python, pubkey) as harness:
+        engine = harness.standin("vllm", **ANSWER_50MS)
+        served = harness.serve("vllm", engine, MODEL_NAME=MODEL)
+        engine_port = engine.port
+        payload = {"model": MODEL, "prompt": "fifty ms"}
         ratios, added = [], []
         for i in range(runs):
             direct = closed_loop(engine_port, json.dumps(payload).encode(), 16, 5.0)
@@ -280,10 +259,6 @@ def part_latency(tmp: Path, runs: int, worker_python: Path, pubkey: str) -> None
                 f"{ours[0]:.1f} req/s p50 {p50(ours[1]) * 1000:.1f} ms")
         say(f"  engine answering in 50 ms, 16 concurrent: throughput worker/direct p50 {p50(ratios):.3f}x "
             f"(min {min(ratios):.3f}), p50 added {p50(added) * 1000:+.2f} ms")
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        reports.close()
 
 
 def held_answer(port: int, body: bytes, started: threading.Barrier, results: list[Timing]) -> None:
@@ -306,24 +281,23 @@ def held_answer(port: int, body: bytes, started: threading.Barrier, results: lis
 
 def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: bool) -> None:
     """`stops` cycles of: fresh worker, (the load line -> loaded report), 4 answers in flight, SIGTERM."""
-    procs: list[Proc] = []
     lost = in_flight = refused = 0
     to_ready, to_report = [], []
-    try:
-        engine_port, _ = start_standin("vllm", tmp, procs, **PER_TOKEN_20MS)
+    with Harness(tmp, worker_python, pubkey) as harness:
+        engine = harness.standin("vllm", **PER_TOKEN_20MS)
         time.sleep(1.0)
-        payload = {"model": "standin-model", "prompt": "drain", "stream": True}
+        payload = {"model": MODEL, "prompt": "drain", "stream": True}
         for cycle in range(stops):
             cycle_dir = tmp / f"cycle{cycle}"
             cycle_dir.mkdir()
             log = cycle_dir / "model.log"
             log.write_text("")
-            reports = ReportServer(pubkey)
-            port = free_port_pair()
-            env = worker_env_for("vllm", worker_python, cycle_dir / "state", port, reports.url, MODEL_LOG=str(log),
-                                 MODEL_NAME="standin-model", MODEL_SERVER_URL=f"http://127.0.0.1:{engine_port}")
-            worker = start_worker(cycle_dir, env, [])
-            try:
+            # A harness per cycle: a fresh report server, state dir and worker, all stopped at its end;
+            # the worker's MODEL_LOG is the cycle's own log (the load line is written there below).
+            with Harness(cycle_dir, worker_python, pubkey) as cycle_harness:
+                reports = cycle_harness.reports
+                served = cycle_harness.worker("vllm", Engine(engine.port, log), MODEL_NAME=MODEL)
+                port, worker = served.port, served.worker
                 worker.wait_for("HTTP servers started", timeout=60)
                 t0 = time.perf_counter()
                 with open(log, "a") as out:
@@ -360,18 +334,12 @@ def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: 
                 worker.wait_exit(20)
                 in_flight += len(threads)
                 lost += sum(1 for t in results if t.status != 200 or not t.done) + len(threads) - len(results)
-            finally:
-                worker.stop()
-                reports.close()
         say(f"  drain: {lost} of {in_flight} answers in flight lost across {stops} stops; "
             f"{refused}/{stops} requests sent after the signal got 503")
         if report:
             say(f"  engine load line -> worker ready (SDK line) p50 {p50(to_ready):.2f} s "
                 f"(min {min(to_ready):.2f}, max {max(to_ready):.2f}); -> loaded status report p50 "
                 f"{p50(to_report):.2f} s (min {min(to_report):.2f}, max {max(to_report):.2f}), {len(to_report)} runs")
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
 
 
 def part_routable(runs: int, worker_python: Path) -> None:
