@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Serving under real traffic (issue 14): what users of the worker on :3000 feel, measured on this host.
 
-    python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20]
+    python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20] [--streams 256,1024]
+                                   [--scale-timeout 120]
 
-PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable.
+PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable, scale.
 
 - stream_llama: the real llama.cpp (xllamacpp, SmolLM2, 1 thread), 150 tokens streamed (greedy,
   ignore_eos), N requests straight to the engine and N through the worker, alternating. Time to first
@@ -22,9 +23,21 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   control-plane stand-in of tests/controlplane inside the container, its key made beforehand), N
   boots of ours and N of the upstream boot path emulated (bench/boot_bench.py: a fresh venv and the
   SDK pip-installed from a local wheelhouse at every boot), alternating. Ratio upstream / ours.
+- scale (issue 24): for each N of --streams (default 256,1024), N streamed completions at once from
+  the vLLM stand-in (20 ms per token, 64 tokens), straight to the engine ("direct") and through the
+  worker (a fresh one for each N), the order alternating across --runs rounds; the load comes from
+  bench/streamload.py, a process of its own (its CPU is not the bench's); an event is a `data:` line,
+  66 per stream ([DONE] included). Per round and side: events/s, worker/direct ratio,
+  first token p50/p95 and the ms added; for the worker side its CPU time (utime+stime of the worker's
+  process and every descendant, /proc/<pid>/stat) per streamed event and its RSS (VmRSS sampled every
+  50 ms) at the round's peak minus before it, per open stream. Then N non-streamed requests
+  (max_tokens 1) through the worker: its CPU per request. Medians over the rounds. Errors (a refused
+  or cut stream, --scale-timeout reached) are counted and named, never raised. RLIMIT_NOFILE's soft
+  limit is raised to the hard one for the bench and all it starts, so that 1024 streams can open.
 
-Before each part the share of idle CPU over 1 s is printed: this machine's 2 cores are shared, so a
-low share marks figures as provisional. Nothing is asserted; it reports.
+Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
+once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
+asserted; it reports.
 """
 
 from __future__ import annotations
@@ -33,8 +46,10 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,14 +61,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bakery.host import downloads  # noqa: E402
-from tests.worker.helpers import SDK_READY, Engine, Harness  # noqa: E402
+from tests.worker.helpers import SDK_READY, Engine, Harness, Served  # noqa: E402
 from tests.worker.serving import MODEL, envelope  # noqa: E402
 
-PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report", "routable")
+PARTS = ("stream_llama", "stream_standin", "latency", "drain", "report", "routable", "scale")
 ROUTABLE_ENGINES = ("llama", "vllm")
 PER_TOKEN_20MS = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": "50"}  # a 1 s streamed answer
 ANSWER_50MS = {"STANDIN_TOKEN_DELAY": "0.005", "STANDIN_REPLY_TOKENS": "10"}  # 50 ms, not streamed
 LOAD_LINE = "(APIServer pid=1) INFO:     Application startup complete.\n"  # the vLLM stand-in's ready line
+SCALE_STANDIN = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": "64"}  # 64 tokens, 1.28 s per stream
+STREAMLOAD = Path(__file__).resolve().parent / "streamload.py"
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def say(message: str) -> None:
@@ -73,6 +91,28 @@ def cpu_idle(seconds: float = 1.0) -> float:
 
 def p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def cpu_model() -> str:
+    """The CPU's "model name" (/proc/cpuinfo) and the number of CPUs."""
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")]
+    return f"{names[0] if names else 'unknown'} x {os.cpu_count()}"
+
+
+def raise_open_files() -> str:
+    """Raise RLIMIT_NOFILE's soft limit to the hard one, for the bench and every process it starts
+    (1024 streams need more than a default soft limit of 1024 descriptors in the client, the worker
+    and the engine); what the limit is now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            return f"open files: soft {soft}, hard {hard} (raising failed: {exc})"
+        soft = wanted
+    return f"open files: soft {soft}, hard {hard}"
 
 
 # --------------------------------------------------------------------------- one streamed answer
@@ -344,8 +384,6 @@ def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: 
 
 def part_routable(runs: int, worker_python: Path) -> None:
     """Container start -> routable, ours vs the upstream boot path emulated, on each ROUTABLE_ENGINES image."""
-    import subprocess
-
     import docker
     from boot_bench import Boots, upstream_wheelhouse
 
@@ -390,11 +428,221 @@ def part_routable(runs: int, worker_python: Path) -> None:
             f"start -> key served p50 ours {p50(keys['ours']):.2f} s, upstream {p50(keys['upstream']):.2f} s")
 
 
+# --------------------------------------------------------------------------- scale: N streams at once
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state, ppid, ...), None if the pid is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every descendant of it (from each process's ppid in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of `pids` (seconds; a pid gone counts 0)."""
+    ticks = 0
+    for pid in pids:
+        if (fields := _stat_fields(pid)) is not None:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / CLOCK_TICK
+
+
+def rss_kib(pids: list[int]) -> int:
+    """The summed VmRSS of `pids` (KiB; a pid gone counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+                    break
+        except OSError:
+            continue
+    return total
+
+
+class Watch:
+    """A worker's CPU time and RSS peak over one round: every process of its tree, RSS every 50 ms."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.pids = process_tree(root)
+        self.rss_before = rss_kib(self.pids)
+        self.rss_peak = self.rss_before
+        self.cpu_before = cpu_seconds(self.pids)
+        self.cpu = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        pids, count = self.pids, 0
+        while not self._stop.wait(0.05):
+            count += 1
+            if count % 20 == 0:  # a process started during the round is seen within a second
+                pids = process_tree(self.root)
+            self.rss_peak = max(self.rss_peak, rss_kib(pids))
+
+    def stop(self) -> Watch:
+        self._stop.set()
+        self._thread.join()
+        pids = process_tree(self.root)
+        self.rss_peak = max(self.rss_peak, rss_kib(pids))
+        # A process of the tree that ended during the round takes its CPU time with it (not counted);
+        # one started during it counts from 0.
+        self.cpu = cpu_seconds(pids) - self.cpu_before
+        self.pids = sorted(set(self.pids) | set(pids))
+        return self
+
+
+def streamload(port: int, streams: int, payload: dict, timeout: float, envelope_from: int | None) -> dict:
+    """Run bench/streamload.py (its own process) against 127.0.0.1:`port`; its JSON result, or one with
+    every stream an error when it failed."""
+    cmd = [sys.executable, str(STREAMLOAD), "--port", str(port), "--streams", str(streams),
+           "--body", json.dumps(payload), "--timeout", str(timeout)]
+    if envelope_from is not None:
+        cmd += ["--envelope", "--first-idx", str(envelope_from)]
+    failed = {"streams": streams, "completed": 0, "errors": streams, "events": 0, "wall_s": None,
+              "events_per_s": None, "ttft_p50_ms": None, "ttft_p95_ms": None, "connect_s": None, "timed_out": True}
+    try:
+        out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        return {**failed, "first_errors": [f"streamload did not stop within {timeout + 60:g} s"]}
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {**failed, "first_errors": [f"streamload exited {out.returncode}: {out.stderr.strip()[-500:]}"]}
+
+
+def _num(value: float | None, spec: str = ".1f") -> str:
+    return "n/a" if value is None or value != value else format(value, spec)
+
+
+def _outcome(result: dict) -> str:
+    """"256/256 done, 0 errors" plus the first error texts and the timeout, if any."""
+    text = f"{result['completed']}/{result['streams']} done, {result['errors']} errors"
+    if result.get("timed_out"):
+        text += " (timed out)"
+    if result["errors"]:
+        text += f" [{'; '.join(result.get('first_errors') or [])[:400]}]"
+    return text
+
+
+def _added(worker: float | None, direct: float | None) -> float | None:
+    return None if worker is None or direct is None else worker - direct
+
+
+def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str) -> None:
+    """N streams at once, direct and through the worker (see the module docstring, "scale")."""
+    with Harness(tmp, worker_python, pubkey) as harness:
+        engine = harness.standin("vllm", **SCALE_STANDIN)
+        payload = {"model": MODEL, "prompt": "scale", "stream": True}
+        single = {"model": MODEL, "prompt": "scale", "stream": False, "max_tokens": 1}
+        for n in counts:
+            # A fresh worker for each N: Python keeps the memory a round grew, so on a worker that already
+            # carried N streams the next round's RSS grows by little or nothing.
+            (tmp / f"worker-{n}").mkdir()
+            with Harness(tmp / f"worker-{n}", worker_python, pubkey) as per_n:
+                part_scale_n(engine, per_n.serve("vllm", engine, MODEL_NAME=MODEL), n, runs, timeout,
+                             payload, single)
+
+
+def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: float, payload: dict,
+                 single: dict) -> None:
+    """The rounds of one N against `engine`, direct and through `served`."""
+    worker_pid = served.worker.popen.pid  # start_server.sh execs python: the tree is usually this pid
+    say(f"  {n} streams: stand-in 20 ms per token, 64 tokens; a fresh worker, its processes "
+        f"{process_tree(worker_pid)}")
+    idx = 1
+    rows: dict[str, list[float]] = {key: [] for key in (
+        "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "kib_stream", "ms_req")}
+    for i in range(runs):
+        sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
+        say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
+        seen: dict[str, dict] = {}
+        for side in sides:
+            idle = cpu_idle()
+            if side == "direct":
+                result = streamload(engine.port, n, payload, timeout, None)
+                seen[side] = result
+                say(f"    direct: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events in "
+                    f"{_num(result['wall_s'], '.2f')} s = {_num(result['events_per_s'])} events/s; "
+                    f"first token p50 {_num(result['ttft_p50_ms'])} ms, p95 {_num(result['ttft_p95_ms'])} ms; "
+                    f"connecting {_num(result['connect_s'], '.2f')} s")
+                continue
+            watch = Watch(worker_pid)
+            result = streamload(served.port, n, payload, timeout, idx)
+            watch.stop()
+            idx += n
+            seen[side] = result
+            us_event = watch.cpu / result["events"] * 1e6 if result["events"] else None
+            kib_stream = (watch.rss_peak - watch.rss_before) / n
+            say(f"    worker: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events in "
+                f"{_num(result['wall_s'], '.2f')} s = {_num(result['events_per_s'])} events/s; "
+                f"first token p50 {_num(result['ttft_p50_ms'])} ms, p95 {_num(result['ttft_p95_ms'])} ms; "
+                f"connecting {_num(result['connect_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
+                f"{_num(us_event)} us/event; RSS {watch.rss_before / 1024:.1f} -> peak "
+                f"{watch.rss_peak / 1024:.1f} MiB = {kib_stream:+.1f} KiB/stream")
+            if us_event is not None:
+                rows["us_event"].append(us_event)
+            rows["kib_stream"].append(kib_stream)
+        direct, worker = seen["direct"], seen["worker"]
+        ratio = (worker["events_per_s"] / direct["events_per_s"]
+                 if worker["events_per_s"] and direct["events_per_s"] else None)
+        added_p50 = _added(worker["ttft_p50_ms"], direct["ttft_p50_ms"])
+        added_p95 = _added(worker["ttft_p95_ms"], direct["ttft_p95_ms"])
+        say(f"    round {i + 1}: events/s worker/direct {_num(ratio, '.3f')}x; first token added "
+            f"p50 {_num(added_p50, '+.1f')} ms, p95 {_num(added_p95, '+.1f')} ms")
+        for key, value in (("direct_eps", direct["events_per_s"]), ("worker_eps", worker["events_per_s"]),
+                           ("ratio", ratio), ("added_p50", added_p50), ("added_p95", added_p95)):
+            if value is not None:
+                rows[key].append(value)
+        # CPU per request: N non-streamed answers of one token through the worker.
+        idle = cpu_idle()
+        watch = Watch(worker_pid)
+        result = streamload(served.port, n, single, timeout, idx)
+        watch.stop()
+        idx += n
+        ms_req = watch.cpu / result["completed"] * 1000 if result["completed"] else None
+        if ms_req is not None:
+            rows["ms_req"].append(ms_req)
+        say(f"    requests: idle before {idle:.0%}; {n} non-streamed (max_tokens 1) through the worker: "
+            f"{_outcome(result)} in {_num(result['wall_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
+            f"{_num(ms_req, '.2f')} ms/request")
+    say(f"  {n} streams at once, medians over {runs} round(s): events/s direct "
+        f"{_num(p50(rows['direct_eps']))}, worker {_num(p50(rows['worker_eps']))}, worker/direct "
+        f"{_num(p50(rows['ratio']), '.3f')}x; first token added p50 {_num(p50(rows['added_p50']), '+.1f')} ms, "
+        f"p95 {_num(p50(rows['added_p95']), '+.1f')} ms; worker CPU {_num(p50(rows['us_event']))} us/event, "
+        f"{_num(p50(rows['ms_req']), '.2f')} ms/request (non-streamed, 1 token); RSS "
+        f"{_num(p50(rows['kib_stream']), '+.1f')} KiB/open stream (by round: "
+        f"{', '.join(format(k, '+.1f') for k in rows['kib_stream'])}; after the first, a round reuses "
+        f"the memory the first one grew)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(PARTS))
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=None, help="runs (rounds) of each part (default 5; scale: 3)")
     parser.add_argument("--drain-stops", type=int, default=20)
+    parser.add_argument("--streams", default="256,1024", help="scale: the stream counts, comma-separated")
+    parser.add_argument("--scale-timeout", type=float, default=120.0,
+                        help="scale: a load round stops after this many seconds (bench/streamload.py --timeout)")
     args = parser.parse_args()
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
@@ -402,9 +650,17 @@ def main() -> int:
         print(f"serving_bench: unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}",
               file=sys.stderr)
         return 2
+    try:
+        counts = [int(n) for n in args.streams.split(",") if n.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        print(f"serving_bench: --streams must be positive integers, comma-separated, got {args.streams!r}",
+              file=sys.stderr)
+        return 2
+    runs = args.runs or 5
+    say(f"CPU: {cpu_model()}; {raise_open_files()}")
     worker_python = downloads.host_worker_venv() / "bin" / "python"
-    import subprocess
-
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
     pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
     with tempfile.TemporaryDirectory(prefix="bk-serve-bench-") as root:
@@ -415,13 +671,15 @@ def main() -> int:
             tmp.mkdir()
             say(f"{part}: idle CPU share before: {cpu_idle():.0%} (load average {os.getloadavg()[0]:.2f})")
             if part == "stream_llama":
-                part_stream_llama(tmp, args.runs, worker_python, pubkey)
+                part_stream_llama(tmp, runs, worker_python, pubkey)
             elif part == "stream_standin":
-                part_stream_standin(tmp, args.runs, worker_python, pubkey)
+                part_stream_standin(tmp, runs, worker_python, pubkey)
             elif part == "latency":
-                part_latency(tmp, args.runs, worker_python, pubkey)
+                part_latency(tmp, runs, worker_python, pubkey)
             elif part == "routable":
-                part_routable(args.runs, worker_python)
+                part_routable(runs, worker_python)
+            elif part == "scale":
+                part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey)
             elif part in ("drain", "report"):
                 part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
                            report="report" in parts)
