@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import config, drain, guards, routes, sdk_seam, serving, uploads
+from workers.openai import config, drain, forward, guards, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -782,6 +782,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         _warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "
               "reported with no load")
     try:
+        # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
+        forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
+                        guards.ENGINE_KEEPALIVE)
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
         serving.install(ctx, cfg.drain_seconds, limits.retry_after)  # stream release, prompt report, drain

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.openai import config, uploads, workload
+from workers.openai import config, forward, uploads, workload
 from workers.openai.uploads import UploadError, UploadLimits
 from workers.openai.workload import References
 
@@ -391,6 +391,11 @@ def sdk_handlers(specs: list[HandlerSpec], sdk: Any, max_queue_time: float,
     """The SDK's HandlerConfigs for `specs`. `sdk` is the vastai module (HandlerConfig,
     BenchmarkConfig); `data_types` is vastai.serverless.server.lib.data_types (imported if None)."""
     types = data_types or importlib.import_module("vastai.serverless.server.lib.data_types")
+    web = importlib.import_module("aiohttp.web")
+
+    async def respond(request: Any, answer: Any) -> Any:  # the SDK's response_generator (public)
+        return await forward.respond(web, request, answer)
+
     handlers = []
     for spec in specs:
         bench = None
@@ -407,7 +412,8 @@ def sdk_handlers(specs: list[HandlerSpec], sdk: Any, max_queue_time: float,
             extra = {"request_parser": _raising_json_error(parse, types.JsonDataException),
                      "workload_calculator": spec.workload}
         handlers.append(sdk.HandlerConfig(route=spec.route, allow_parallel_requests=True,
-                                          max_queue_time=max_queue_time, benchmark_config=bench, **extra))
+                                          max_queue_time=max_queue_time, benchmark_config=bench,
+                                          response_generator=respond, **extra))
     return handlers
 
 

@@ -20,6 +20,7 @@ This module imports only the standard library at import time.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,9 +67,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("check_signature", "Backend", "_Backend__check_signature", "wrap", ("own_url", "outcomes", "sessions"),
          "the SDK's per-request signature check: own_url adds the URL check, outcomes records each verdict "
          "(two declared layers), sessions calls it for /session/*"),
-    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("limits", "engine_close"),
-         "the engine call of every request and of the benchmark: timeouts recorded for the 504 (limits), "
-         "the engine's answer closed when its request ends (engine_close)"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("forward", "limits", "engine_close"),
+         "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
+         "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
+         "request ends (engine_close)"),
     Hook("engine_session", "Backend", "session", "set", ("limits",),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use"),
@@ -109,7 +111,7 @@ HOOKS: tuple[Hook, ...] = (
          "a request's outcome, for a refusal the SDK never saw"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
          "the SDK's handlers of each route, to count a refused request's workload", required=False),
-    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core",),
+    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
          "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
          required=False),
     Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "read", ("core",),
@@ -199,6 +201,13 @@ def require_session_property(backend: Any, who: str) -> None:
     if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
         raise GuardError(f"{who}: the SDK's Backend.session is no longer a cached_property (vastai changed; "
                          f"checked against vastai {SDK_VERSION}): update the hook 'engine_session' in {SEAM_FILE}")
+
+
+def backend_logger() -> logging.Logger:
+    """The logger of the SDK's per-request lines in its backend module (hook "request_loggers"), or
+    one of the same name's kind when the SDK changed (its lines are then always printed)."""
+    logger = getattr(sys.modules.get(BACKEND_MODULE), BY_KEY["request_loggers"].attr, None)
+    return logger if isinstance(logger, logging.Logger) else logging.getLogger(BACKEND_MODULE)
 
 
 def has_engine_session(backend: Any) -> bool:

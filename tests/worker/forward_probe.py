@@ -1,0 +1,198 @@
+"""Run inside the worker venv (PYTHONPATH=worker/): how workers/openai/forward.py reads engine answers.
+
+    <venv>/bin/python forward_probe.py
+
+Prints one JSON object; tests/worker/test_forward.py asserts it. Each answer below is fed to
+forward.Answer split at every byte boundary (and byte by byte): what it decodes must not depend on
+how the bytes arrived. Then forward.Pool talks to small engines on loopback: kept-alive reuse, a
+connection the engine closed while idle, an engine that goes silent, one that refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from workers.openai import forward
+
+ANSWERS = {
+    "chunked": (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                b"f\r\ndata: {\"a\":1}\n\n\r\n5;ext=1\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"),
+    "length": b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"error\":1}",
+    "close": b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end",
+    "empty": b"HTTP/1.1 204 No Content\r\nServer: x\r\n\r\n",
+}
+MALFORMED = {
+    "bad_size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+    "no_crlf": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+    "not_http": b"SSH-2.0-OpenSSH\r\n\r\n",
+    "bad_header": b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    "head_too_big": b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * (forward.HEAD_LIMIT + 10),
+}
+
+
+class Conn:
+    """What an Answer needs of its connection: where it says it ended, or that it must be dropped."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.discarded = 0
+
+    def answer_done(self, answer: Any) -> None:
+        self.done += 1
+
+    def discard(self) -> None:
+        self.discarded += 1
+
+
+def outcome(answer: forward.Answer, conn: Conn, lost: bool) -> dict[str, Any]:
+    if lost:
+        answer.connection_lost(None)
+    result: dict[str, Any] = {"ended": answer.ended, "done": conn.done, "discarded": conn.discarded}
+    if answer.finished.done():
+        error = answer.finished.exception()
+        result["error"] = type(error).__name__ if error else None
+    if answer.head_done.done() and not answer.head_done.exception():
+        result.update(status=answer.status, content_type=answer.content_type, keep_alive=answer.keep_alive,
+                      headers=sorted(answer.headers.items()))
+        if not result.get("error"):  # what was decoded before an error is dropped with the answer
+            result["body"] = b"".join(answer.take_pending()).decode()
+    return result
+
+
+def feed(loop: asyncio.AbstractEventLoop, raw: bytes, cuts: list[int], lost: bool) -> dict[str, Any]:
+    conn = Conn()
+    answer = forward.Answer(conn, loop, 0)  # type: ignore[arg-type]
+    start = 0
+    for cut in [*cuts, len(raw)]:
+        if cut > start:
+            answer.feed(raw[start:cut])
+        start = cut
+    return outcome(answer, conn, lost)
+
+
+def decoding(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    for name, raw in {**ANSWERS, **MALFORMED}.items():
+        lost = name == "close"  # its body ends with the connection
+        seen = [feed(loop, raw, [], lost)]
+        seen += [feed(loop, raw, [i], lost) for i in range(1, len(raw))] if len(raw) < 4096 else []
+        seen.append(feed(loop, raw, list(range(1, len(raw))), lost) if len(raw) < 4096 else seen[0])
+        distinct = {json.dumps(s, sort_keys=True) for s in seen}
+        report[name] = {"splits": len(seen), "distinct": len(distinct), "outcome": seen[0]}
+    return report
+
+
+async def engine(answers: list[bytes | None], stall: bool = False) -> tuple[asyncio.base_events.Server, list[int]]:
+    """A loopback engine: answers each request with the next of `answers` (None: close the connection
+    without a byte); closes a connection after an answer that says `Connection: close`; `stall`
+    sends nothing."""
+    peers: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername")[1])
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                if stall:
+                    await asyncio.sleep(30)
+                raw = answers.pop(0)
+                if raw is None:
+                    break
+                writer.write(raw)
+                await writer.drain()
+                if b"Connection: close" in raw:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, peers
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+OK_CLOSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+
+async def pooling() -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    server, peers = await engine([OK, OK, OK])
+    port = server.sockets[0].getsockname()[1]
+    pool = forward.Pool("127.0.0.1", port, 5, 5, 4)
+    bodies = [await (await pool.post("/v1/x", {"n": i})).read() for i in range(3)]
+    report["kept_alive"] = {"bodies": [b.decode() for b in bodies], "connections": len(set(peers))}
+    pool.close()
+    server.close()
+
+    # The engine closes its connection after the first answer: the next request goes on a new one.
+    server, peers = await engine([OK_CLOSE, OK, OK])
+    port = server.sockets[0].getsockname()[1]
+    pool = forward.Pool("127.0.0.1", port, 5, 5, 4)
+    first = await (await pool.post("/v1/x", {})).read()
+    await asyncio.sleep(0.2)  # the close reached us: that connection is not handed out
+    second = await (await pool.post("/v1/x", {})).read()
+    report["closed_by_engine"] = {"bodies": [first.decode(), second.decode()], "connections": len(set(peers))}
+    pool.close()
+    server.close()
+
+    # A kept-alive connection the engine closes just as it is reused (it read the request, then went
+    # away without a byte): retried once, on a new connection.
+    server, peers = await engine([OK, None, OK])
+    port = server.sockets[0].getsockname()[1]
+    pool = forward.Pool("127.0.0.1", port, 5, 5, 4)
+    await (await pool.post("/v1/x", {})).read()
+    try:
+        body = await (await pool.post("/v1/x", {})).read()
+        report["stale_retried"] = {"body": body.decode(), "connections": len(set(peers))}
+    except Exception as exc:  # noqa: BLE001 (reported, asserted by the test)
+        report["stale_retried"] = type(exc).__name__
+    pool.close()
+    server.close()
+
+    # An engine that never answers: the idle timeout ends the call.
+    server, _ = await engine([OK], stall=True)
+    port = server.sockets[0].getsockname()[1]
+    pool = forward.Pool("127.0.0.1", port, 5, 0.3, 4)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        await pool.post("/v1/x", {})
+        report["silent"] = "answered"
+    except asyncio.TimeoutError:
+        report["silent"] = {"error": "TimeoutError", "seconds": round(loop.time() - start, 3)}
+    pool.close()
+    server.close()
+
+    # Nobody listens: the connection error reaches the caller (the SDK answers 500).
+    pool = forward.Pool("127.0.0.1", port, 5, 5, 4)
+    try:
+        await pool.post("/v1/x", {})
+        report["refused"] = "answered"
+    except OSError as exc:
+        report["refused"] = type(exc).__name__
+    return report
+
+
+def main() -> int:
+    loop = asyncio.new_event_loop()
+    report = {"decoding": decoding(loop), "pooling": loop.run_until_complete(pooling()),
+              "engine_address": {url: forward.engine_address(url) for url in (
+                  "http://127.0.0.1:18000", "http://localhost", "https://127.0.0.1:1", "http://h:1/prefix")}}
+    pending = asyncio.all_tasks(loop)  # the engines' connection handlers
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bakery's own engine client (workers/openai/forward.py) reads answers as HTTP/1.1 says, however
+the bytes arrive, and keeps, retries and drops engine connections as the SDK's aiohttp client did.
+
+tests/worker/forward_probe.py runs in the worker venv and reports; this pins each fact. The
+end-to-end behaviour (events pass one by one, a client gone closes the engine connection, kept-alive
+reuse, timeouts' 504) is held by test_streaming.py, test_engine_connections.py and test_guards.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKER_DIR = HERE.parent.parent / "worker"
+
+
+@pytest.fixture(scope="module")
+def report(worker_python: Path) -> dict[str, Any]:
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    result = subprocess.run([str(worker_python), str(HERE / "forward_probe.py")], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", ["chunked", "length", "close", "empty", "bad_size", "no_crlf", "not_http",
+                                  "bad_header", "head_too_big"])
+def test_an_answer_decodes_the_same_however_its_bytes_are_split(report: dict[str, Any], name: str) -> None:
+    seen = report["decoding"][name]
+    assert seen["splits"] >= 2 and seen["distinct"] == 1, seen
+
+
+def test_a_chunked_stream_is_decoded_with_its_extensions_and_trailer(report: dict[str, Any]) -> None:
+    out = report["decoding"]["chunked"]["outcome"]
+    assert out["body"] == 'data: {"a":1}\n\nhello'
+    assert out["status"] == 200 and out["content_type"] == "text/event-stream" and out["keep_alive"]
+    assert (out["error"], out["done"], out["discarded"]) == (None, 1, 0)
+
+
+def test_length_close_and_bodiless_answers_end_where_http_says(report: dict[str, Any]) -> None:
+    length, close, empty = (report["decoding"][n]["outcome"] for n in ("length", "close", "empty"))
+    assert (length["status"], length["body"], length["keep_alive"], length["done"]) == (400, '{"error":1}', True, 1)
+    # HTTP/1.0 without a length: the body is what came before the connection's end, never reused
+    assert (close["body"], close["keep_alive"], close["done"]) == ("until the end", False, 1)
+    assert (empty["status"], empty["body"], empty["done"]) == (204, "", 1)
+
+
+@pytest.mark.parametrize("name", ["bad_size", "no_crlf", "not_http", "bad_header", "head_too_big"])
+def test_a_malformed_answer_fails_and_its_connection_is_dropped(report: dict[str, Any], name: str) -> None:
+    out = report["decoding"][name]["outcome"]
+    assert (out["error"], out["ended"], out["done"]) == ("EngineError", True, 0) and out["discarded"] >= 1, out
+
+
+def test_connections_are_kept_alive_and_one_the_engine_closed_is_not_reused(report: dict[str, Any]) -> None:
+    pooling = report["pooling"]
+    assert pooling["kept_alive"] == {"bodies": ["{}", "{}", "{}"], "connections": 1}
+    assert pooling["closed_by_engine"] == {"bodies": ["{}", "{}"], "connections": 2}
+
+
+def test_a_request_on_a_connection_the_engine_dropped_is_retried_once(report: dict[str, Any]) -> None:
+    assert report["pooling"]["stale_retried"] == {"body": "{}", "connections": 2}
+
+
+def test_a_silent_engine_times_out_and_a_refused_one_raises(report: dict[str, Any]) -> None:
+    silent = report["pooling"]["silent"]  # the idle timeout is 0.3 s; a busy machine may add some
+    assert silent["error"] == "TimeoutError" and 0.3 <= silent["seconds"] < 10, silent
+    assert report["pooling"]["refused"] == "ConnectionRefusedError"
+
+
+def test_only_plain_http_engine_urls_use_this_client(report: dict[str, Any]) -> None:
+    assert report["engine_address"] == {"http://127.0.0.1:18000": ["127.0.0.1", 18000],
+                                        "http://localhost": ["localhost", 80],
+                                        "https://127.0.0.1:1": None, "http://h:1/prefix": None}

@@ -1,0 +1,546 @@
+"""bakery's own engine call for JSON requests: a streamed answer's events reach the client as they
+arrive, on the event loop's callbacks, with no task woken per event.
+
+Why (issue 24): vastai 1.9.1 streams an answer with `async for chunk in response.content.iter_any():
+await res.write(chunk)`. Every event then costs aiohttp's client parser, a StreamReader future, a task
+step, an async generator turn and StreamWriter's accounting before one `send`: ~90 us of CPU per event,
+so at 256 concurrent streams the worker, not the engine, set the throughput (0.42x direct). Here every
+JSON request (what the SDK would post with `json=`) is sent by a small HTTP/1.1 client of our own over
+kept-alive loopback connections; once the engine's head is in, each `data_received` of the engine
+connection decodes its chunks and writes them to the client's transport in one write (what arrived
+together leaves together; nothing waits for more). A non-streamed answer is read whole, as before.
+
+Everything else is unchanged: the SDK still parses the envelope, checks the signature, counts the
+request and its outcome; the guards' engine timeouts (BAKERY_ENGINE_CONNECT_TIMEOUT,
+BAKERY_ENGINE_IDLE_TIMEOUT) and keep-alive (guards.ENGINE_KEEPALIVE) apply to this client, a client
+gone mid-stream closes the engine connection (engine_close), and multipart requests keep the SDK's
+aiohttp client. The answer object has what the SDK and the guards read of aiohttp's ClientResponse
+(status, headers, content_type, read(), close()). `respond` is the routes' `response_generator` (a
+public HandlerConfig option): it streams answers of this client as above and answers of aiohttp's
+exactly as the SDK's default does.
+
+Imports only the standard library at import time; aiohttp (`web`) and multidict come from the
+worker's venv when used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from workers.openai import sdk_seam
+
+HEAD_LIMIT = 64 * 1024  # an engine's status line and headers: more is not an HTTP answer we serve
+WRITE_HIGH = 256 * 1024  # a slow client: stop reading the engine above this many bytes unsent ...
+WRITE_LOW = 64 * 1024  # ... and read again below this many
+PAUSE_POLL = 0.005  # seconds between checks of a paused client's buffer
+STREAM_TYPES = ("application/x-ndjson", "application/jsonl")
+
+
+class EngineError(OSError):
+    """The engine connection broke or the engine's answer was not HTTP we can forward."""
+
+
+def is_stream(content_type: str, headers: Any) -> bool:
+    """The SDK's own test of a streamed answer (vastai 1.9.1 GenericEndpointHandler)."""
+    return (content_type.startswith("text/event-stream") or content_type in STREAM_TYPES
+            or "stream" in content_type.lower() or headers.get("Transfer-Encoding") == "chunked")
+
+
+# --------------------------------------------------------------------------- the engine's answer
+
+
+class Answer:
+    """One engine answer on one connection, shaped as what the SDK reads of aiohttp's ClientResponse.
+
+    Bytes arrive through `feed` (the connection's data_received): first the head, then the body,
+    decoded from its framing (chunked, Content-Length, or up to the connection's end). Body pieces go
+    to the `sink` once one is attached, and are kept until then.
+    """
+
+    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop, idle_timeout: float) -> None:
+        self.conn = conn
+        self.loop = loop
+        self.status = 0
+        self.reason = ""
+        self.headers: Any = None
+        self.content_type = "application/octet-stream"
+        self.keep_alive = True
+        # Awaited by the request's task: a cancelled task cancels them, so the state is in flags.
+        self.head_done: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self._has_head = False
+        self._ended = False  # the body's end was read, or the answer failed
+        self._head = b""
+        self._framing = ""  # "chunked" | "length" | "close"
+        self._left = 0  # Content-Length bytes left, or data bytes left in the current chunk
+        self._crlf = 0  # bytes of the CRLF after a chunk's data still to come
+        self._line = b""  # a chunk-size line split across reads
+        self._trailer = False  # after the last chunk: trailer lines until an empty one
+        self._pending: list[bytes] = []
+        self._sink: Callable[[list[bytes]], None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._body: bytes | None = None
+        self._closed = False
+        self._idle = idle_timeout
+        self._last = loop.time()
+        self._timer = loop.call_later(idle_timeout, self._check_idle) if idle_timeout else None
+
+    # -- what the SDK and the guards read
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ended(self) -> bool:
+        """The body's end was read, or the answer failed."""
+        return self._ended
+
+    async def read(self) -> bytes:
+        """The whole body (waits for its end)."""
+        if self._body is None:
+            await self.finished
+            self.finished.result()
+            self._body = b"".join(self._pending)
+            self._pending = []
+        return self._body
+
+    def close(self) -> None:
+        """Stop: an answer not read to its end closes its connection (the engine stops generating)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_timer()
+        if not self._ended:
+            self.conn.discard()
+            self._fail(EngineError("the engine answer was closed before its end"))
+
+    # -- what the engine connection feeds
+
+    def feed(self, data: bytes) -> None:
+        self._last = self.loop.time()
+        if self._ended:
+            return
+        if not self._has_head:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > HEAD_LIMIT:
+                    self._fail(EngineError(f"the engine's answer head is over {HEAD_LIMIT} bytes"))
+                return
+            head, rest = self._head[:end], self._head[end + 4:]
+            self._head = b""
+            try:
+                self._parse_head(head)
+            except (ValueError, UnicodeDecodeError) as exc:
+                self._fail(EngineError(f"the engine's answer is not HTTP/1.x: {exc}"))
+                return
+            self._has_head = True
+            if not self.head_done.done():
+                self.head_done.set_result(None)
+            if self._framing == "length" and self._left == 0:
+                self._end()
+                return
+            if not rest:
+                return
+            data = rest
+        try:
+            pieces = self._decode(data)
+        except ValueError as exc:
+            self._fail(EngineError(f"the engine's chunked answer is malformed: {exc}"))
+            return
+        if pieces:
+            if self._sink is not None:
+                self._sink(pieces)
+            else:
+                self._pending.extend(pieces)
+                self._wake()
+        if self._framing == "done":
+            self._end()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._ended:
+            return
+        if self._framing == "close" and self._has_head:
+            self._end()
+        else:
+            self._fail(EngineError(f"the engine closed the connection mid-answer ({exc or 'EOF'})"))
+
+    # -- the body's consumer
+
+    def take_pending(self) -> list[bytes]:
+        pieces, self._pending = self._pending, []
+        return pieces
+
+    async def wait_data(self) -> None:
+        """Until a body piece is kept or the answer ended (its error, if it failed, is raised)."""
+        if not self._pending and not self._ended:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._ended and not self._pending:
+            self.finished.result()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def attach(self, sink: Callable[[list[bytes]], None]) -> None:
+        """From now on, body pieces go to `sink` as they arrive (what is kept goes first)."""
+        pending = self.take_pending()
+        self._sink = sink
+        if pending:
+            sink(pending)
+
+    def detach(self) -> None:
+        self._sink = None
+
+    # -- internals
+
+    def _parse_head(self, head: bytes) -> None:
+        from multidict import CIMultiDict, CIMultiDictProxy
+
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise ValueError(f"status line {lines[0][:80]!r}")
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise ValueError(f"header line {line[:80]!r}")
+            headers.add(name, value.strip())
+        self.status, self.reason = int(code), reason
+        self.headers = CIMultiDictProxy(headers)
+        mime = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        self.content_type = mime or "application/octet-stream"
+        connection = headers.get("Connection", "").lower()
+        self.keep_alive = version == "HTTP/1.1" and "close" not in connection
+        if "chunked" in headers.get("Transfer-Encoding", "").lower():
+            self._framing = "chunked"
+        elif "Content-Length" in headers:
+            self._framing, self._left = "length", int(headers["Content-Length"])
+        elif self.status in (204, 304) or 100 <= self.status < 200:
+            self._framing, self._left = "length", 0
+        else:
+            self._framing, self.keep_alive = "close", False
+
+    def _decode(self, data: bytes) -> list[bytes]:
+        if self._framing == "chunked":
+            return self._dechunk(data)
+        if self._framing == "length":
+            if len(data) >= self._left:
+                data, self._left = data[:self._left], 0
+                self._framing = "done"
+                return [data] if data else []
+            self._left -= len(data)
+        return [data]
+
+    def _dechunk(self, data: bytes) -> list[bytes]:
+        pieces: list[bytes] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._left:
+                take = min(self._left, end - pos)
+                pieces.append(data[pos:pos + take] if take != end or pos else data)
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._crlf = 2
+            elif self._crlf:
+                take = min(self._crlf, end - pos)
+                if data[pos:pos + take] != b"\r\n"[2 - self._crlf:2 - self._crlf + take]:
+                    raise ValueError("no CRLF after a chunk's data")
+                pos += take
+                self._crlf -= take
+            else:
+                newline = data.find(b"\n", pos)
+                if newline < 0:
+                    self._line += data[pos:]
+                    if len(self._line) > 4096:
+                        raise ValueError("a chunk-size line is over 4096 bytes")
+                    break
+                line, self._line = self._line + data[pos:newline], b""
+                pos = newline + 1
+                if self._trailer:
+                    if not line.strip():
+                        self._framing = "done"
+                        break
+                    continue
+                size = int(line.split(b";", 1)[0].strip(), 16)
+                if size < 0:
+                    raise ValueError("a negative chunk size")
+                if size == 0:
+                    self._trailer = True
+                else:
+                    self._left = size
+        return pieces
+
+    def _end(self) -> None:
+        self._ended = True
+        self._stop_timer()
+        if not self.finished.done():
+            self.finished.set_result(None)
+        self._wake()
+        self.conn.answer_done(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._ended = True
+        self._stop_timer()
+        self.conn.discard()
+        for future in (self.head_done, self.finished):
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: whoever waits gets it; nobody waiting is no error
+        self._wake()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_idle(self) -> None:
+        idle = self.loop.time() - self._last
+        if idle >= self._idle:
+            self._timer = None
+            self._fail(asyncio.TimeoutError())
+        else:
+            self._timer = self.loop.call_later(self._idle - idle, self._check_idle)
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class Connection(asyncio.Protocol):
+    """One kept-alive connection to the engine; it carries one answer at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.answer: Answer | None = None
+        self.idle_since = 0.0
+        self.lost = False
+        self.received = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        answer = self.answer
+        if answer is None:  # bytes nobody asked for: this connection cannot be trusted with a request
+            self.discard()
+            return
+        answer.feed(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        if self.answer is not None:
+            self.answer.connection_lost(exc)
+
+    def answer_done(self, answer: Answer) -> None:
+        if self.answer is answer:
+            self.answer = None
+            if answer.keep_alive and not self.lost:
+                self.pool.put(self)
+            else:
+                self.discard()
+
+    def discard(self) -> None:
+        self.answer = None
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Pool:
+    """Kept-alive connections to one engine (host, port), newest first out; none idle longer than
+    `keepalive` seconds is handed out (the engines drop theirs after 5 s)."""
+
+    def __init__(self, host: str, port: int, connect_timeout: float, idle_timeout: float,
+                 keepalive: float) -> None:
+        self.host, self.port = host, port
+        self.connect_timeout, self.idle_timeout, self.keepalive = connect_timeout, idle_timeout, keepalive
+        self.idle: list[Connection] = []
+
+    def put(self, conn: Connection) -> None:
+        conn.idle_since = asyncio.get_running_loop().time()
+        self.idle.append(conn)
+
+    def _reusable(self, now: float) -> Connection | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.lost and now - conn.idle_since < self.keepalive:
+                return conn
+            conn.discard()
+        return None
+
+    async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        connect = loop.create_connection(lambda: Connection(self), self.host, self.port)
+        _, conn = await asyncio.wait_for(connect, self.connect_timeout or None)
+        return conn
+
+    async def post(self, path: str, body: dict[str, Any]) -> Answer:
+        """POST `body` as JSON to `path`; returns once the answer's head is in."""
+        data = json.dumps(body).encode()
+        request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: */*\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+        loop = asyncio.get_running_loop()
+        conn = self._reusable(loop.time())
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect()
+            answer = Answer(conn, loop, self.idle_timeout)
+            conn.answer, conn.received = answer, False
+            assert conn.transport is not None
+            conn.transport.write(request)
+            try:
+                await answer.head_done
+                return answer
+            except asyncio.CancelledError:  # the request ended before the engine answered
+                answer.close()
+                raise
+            except EngineError:
+                # A kept-alive connection the engine closed just as it was reused: once, on a new one.
+                if not (reused and not conn.received):
+                    raise
+                conn, reused = None, False
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.discard()
+        self.idle.clear()
+
+
+# --------------------------------------------------------------------------- the client side
+
+
+async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
+    """Send a streamed engine answer to the client, event by event, as the SDK's default does (the
+    engine's status and content type, the body as it comes), written from the engine's callbacks."""
+    res = web.StreamResponse(status=answer.status)
+    if answer.content_type:
+        res.content_type = answer.content_type
+    await res.prepare(request)
+    # The first piece goes through aiohttp, so the headers leave with it in one write.
+    await answer.wait_data()
+    pieces = answer.take_pending()
+    if not pieces:  # an empty body
+        await res.write_eof()
+        return res
+    await res.write(b"".join(pieces))
+    transport = request.transport
+    chunked = res.headers.get("Transfer-Encoding", "").lower() == "chunked"
+    loop = asyncio.get_running_loop()
+    paused: list[bool] = [False]
+
+    def resume_when_drained() -> None:
+        if answer.ended or transport is None or transport.is_closing():
+            return
+        if transport.get_write_buffer_size() <= WRITE_LOW:
+            paused[0] = False
+            if answer.conn.transport is not None:
+                answer.conn.transport.resume_reading()
+        else:
+            loop.call_later(PAUSE_POLL, resume_when_drained)
+
+    def sink(pieces: list[bytes]) -> None:
+        if transport is None or transport.is_closing():
+            answer.close()  # the client is gone: the engine stops (the task is cancelled too)
+            return
+        if chunked:
+            frames = []
+            for piece in pieces:
+                frames += (b"%x\r\n" % len(piece), piece, b"\r\n")
+            transport.write(b"".join(frames))
+        else:
+            transport.write(b"".join(pieces))
+        if not paused[0] and transport.get_write_buffer_size() > WRITE_HIGH:
+            paused[0] = True
+            if answer.conn.transport is not None:
+                answer.conn.transport.pause_reading()
+            loop.call_later(PAUSE_POLL, resume_when_drained)
+
+    answer.attach(sink)
+    try:
+        await answer.finished
+    finally:
+        answer.detach()
+    await res.write_eof()
+    return res
+
+
+async def respond(web: Any, request: Any, answer: Any) -> Any:
+    """The routes' response generator: an answer of this module's client is streamed as above; any
+    other (aiohttp's, for multipart requests) is answered exactly as vastai 1.9.1's default does."""
+    content_type = answer.content_type or ""
+    if isinstance(answer, Answer):
+        if is_stream(content_type, answer.headers):
+            return await stream_answer(web, request, answer)
+    elif is_stream(content_type, answer.headers):
+        res = web.StreamResponse(status=answer.status)
+        if content_type:
+            res.content_type = content_type
+        await res.prepare(request)
+        async for chunk in answer.content.iter_any():
+            if chunk:
+                await res.write(chunk)
+        await res.write_eof()
+        return res
+    body = await answer.read()
+    headers = answer.headers.copy()
+    headers.pop("Content-Type", None)
+    return web.Response(body=body, status=answer.status, content_type=content_type or None, headers=headers)
+
+
+# --------------------------------------------------------------------------- installing
+
+
+def engine_address(url: str) -> tuple[str, int] | None:
+    """(host, port) of a plain-HTTP engine URL; None for anything this client does not speak (https)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        return None
+    return parts.hostname, parts.port or 80
+
+
+def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float) -> Pool | None:
+    """Send the JSON requests of `backend` (the SDK's Backend) through this module's client.
+
+    Wraps the SDK's engine call (sdk_seam hook "call_backend") first, so the guards' wrappers (the
+    timeouts' 504, engine_close) see this call as they see the SDK's. Returns the pool, or None when
+    the engine URL is not plain HTTP (then every request keeps the SDK's client).
+    """
+    address = engine_address(str(getattr(backend, "model_server_url", "")))
+    if address is None:
+        return None
+    pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive)
+    # The SDK's own per-request line, on its backend module's logger: BAKERY_LOG_REQUESTS keeps or
+    # drops it with the SDK's other request lines (core.quiet_requests), as when the SDK posted.
+    log = sdk_seam.backend_logger()
+
+    def fast(inner: Any) -> Any:
+        async def call_backend(*args: Any, **kwargs: Any) -> Any:
+            handler = kwargs.get("handler", args[0] if args else None)
+            payload = kwargs.get("payload", args[1] if len(args) > 1 else None)
+            if (handler is not None and payload is not None and getattr(handler, "remote_function", None) is None
+                    and payload.generate_payload_multipart() is None):
+                body = payload.generate_payload_json()
+                log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
+                          f"{list(body) if isinstance(body, dict) else type(body).__name__}")
+                return await pool.post(handler.endpoint, body)
+            return await inner(*args, **kwargs)
+
+        return call_backend
+
+    sdk_seam.wrap(backend, "call_backend", "forward.py", fast)
+    return pool
