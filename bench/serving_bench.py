@@ -454,13 +454,14 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of `pids` (seconds; a pid gone counts 0)."""
-    ticks = 0
+def cpu_split(pids: list[int]) -> tuple[float, float]:
+    """(utime, stime) of `pids` (seconds; a pid gone counts 0)."""
+    user = system = 0
     for pid in pids:
         if (fields := _stat_fields(pid)) is not None:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / CLOCK_TICK
+            user += int(fields[11])
+            system += int(fields[12])
+    return user / CLOCK_TICK, system / CLOCK_TICK
 
 
 def rss_kib(pids: list[int]) -> int:
@@ -485,8 +486,8 @@ class Watch:
         self.pids = process_tree(root)
         self.rss_before = rss_kib(self.pids)
         self.rss_peak = self.rss_before
-        self.cpu_before = cpu_seconds(self.pids)
-        self.cpu = 0.0
+        self.split_before = cpu_split(self.pids)
+        self.cpu = self.user = self.system = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -506,7 +507,9 @@ class Watch:
         self.rss_peak = max(self.rss_peak, rss_kib(pids))
         # A process of the tree that ended during the round takes its CPU time with it (not counted);
         # one started during it counts from 0.
-        self.cpu = cpu_seconds(pids) - self.cpu_before
+        user, system = cpu_split(pids)
+        self.user, self.system = user - self.split_before[0], system - self.split_before[1]
+        self.cpu = self.user + self.system
         self.pids = sorted(set(self.pids) | set(pids))
         return self
 
@@ -571,7 +574,8 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
         f"{process_tree(worker_pid)}")
     idx = 1
     rows: dict[str, list[float]] = {key: [] for key in (
-        "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "kib_stream", "ms_req")}
+        "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "kib_stream", "ms_req",
+        "cpu_s", "events", "streams")}
     for i in range(runs):
         sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
         say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
@@ -596,11 +600,15 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
             say(f"    worker: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events in "
                 f"{_num(result['wall_s'], '.2f')} s = {_num(result['events_per_s'])} events/s; "
                 f"first token p50 {_num(result['ttft_p50_ms'])} ms, p95 {_num(result['ttft_p95_ms'])} ms; "
-                f"connecting {_num(result['connect_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
-                f"{_num(us_event)} us/event; RSS {watch.rss_before / 1024:.1f} -> peak "
+                f"connecting {_num(result['connect_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s (user "
+                f"{watch.user:.2f}, system {watch.system:.2f}) = {_num(us_event)} us/event; "
+                f"RSS {watch.rss_before / 1024:.1f} -> peak "
                 f"{watch.rss_peak / 1024:.1f} MiB = {kib_stream:+.1f} KiB/stream")
             if us_event is not None:
                 rows["us_event"].append(us_event)
+                rows["cpu_s"].append(watch.cpu)
+                rows["events"].append(result["events"])
+                rows["streams"].append(result["completed"])
             rows["kib_stream"].append(kib_stream)
         direct, worker = seen["direct"], seen["worker"]
         ratio = (worker["events_per_s"] / direct["events_per_s"]
@@ -625,6 +633,14 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
         say(f"    requests: idle before {idle:.0%}; {n} non-streamed (max_tokens 1) through the worker: "
             f"{_outcome(result)} in {_num(result['wall_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
             f"{_num(ms_req, '.2f')} ms/request")
+    # A streamed answer costs one request's setup plus its events: the events' own share is what is
+    # left of the round's CPU after the per-request cost measured on 1-token answers.
+    if rows["ms_req"] and rows["cpu_s"]:
+        per_request = p50(rows["ms_req"]) / 1000
+        net = [(cpu - streams * per_request) / events * 1e6
+               for cpu, streams, events in zip(rows["cpu_s"], rows["streams"], rows["events"], strict=True) if events]
+        say(f"  {n} streams: worker CPU per event net of the per-request cost ({p50(rows['ms_req']):.2f} ms): "
+            f"{_num(p50(net))} us (by round: {', '.join(format(x, '.1f') for x in net)})")
     say(f"  {n} streams at once, medians over {runs} round(s): events/s direct "
         f"{_num(p50(rows['direct_eps']))}, worker {_num(p50(rows['worker_eps']))}, worker/direct "
         f"{_num(p50(rows['ratio']), '.3f')}x; first token added p50 {_num(p50(rows['added_p50']), '+.1f')} ms, "
@@ -643,6 +659,8 @@ def main() -> int:
     parser.add_argument("--streams", default="256,1024", help="scale: the stream counts, comma-separated")
     parser.add_argument("--scale-timeout", type=float, default=120.0,
                         help="scale: a load round stops after this many seconds (bench/streamload.py --timeout)")
+    parser.add_argument("--worker-python", default=None,
+                        help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
@@ -660,7 +678,8 @@ def main() -> int:
         return 2
     runs = args.runs or 5
     say(f"CPU: {cpu_model()}; {raise_open_files()}")
-    worker_python = downloads.host_worker_venv() / "bin" / "python"
+    worker_python = Path(args.worker_python) if args.worker_python else downloads.host_worker_venv() / "bin" / "python"
+    say(f"worker venv: {worker_python.parent.parent}")
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
     pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
     with tempfile.TemporaryDirectory(prefix="bk-serve-bench-") as root:
