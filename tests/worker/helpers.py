@@ -131,12 +131,14 @@ class ReportServer:
     """Stands in for the autoscaler at REPORT_ADDR: serves /pubkey/, records every POST.
 
     While `key_available` is False, /pubkey/ answers 503 (a control plane that is not up yet);
-    `pubkey_gets` counts the fetches.
+    `pubkey_gets` counts the fetches. `status_delay` holds the answer to each /worker_status/ POST
+    for that many seconds (recorded at once): a slow control plane.
     """
 
     def __init__(self, pubkey: str, key_available: bool = True):
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.key_available = key_available
+        self.status_delay = 0.0
         self.pubkey_gets = 0
         self._lock = threading.Lock()
         outer = self
@@ -165,6 +167,8 @@ class ReportServer:
                     data = {"raw": raw.decode(errors="replace")}
                 with outer._lock:
                     outer.reports.append((self.path, data))
+                if outer.status_delay and self.path.rstrip("/") == "/worker_status":
+                    time.sleep(outer.status_delay)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", "2")

@@ -113,7 +113,8 @@ def test_llama_real_load_failure_reports_errored(harness: Harness, tmp_path: Pat
     engine = harness.llama(llama_python, bad)
     assert engine.proc is not None and engine.proc.wait_exit(60) != 0
     worker, report_server = harness.worker("llama", engine, LLAMA_MODEL="smollm2").worker, harness.reports
-    worker.wait_for("Got log line indicating error")
+    # 90 s, not 30: in a fresh-machine run beside a second suite the worker had not read the log in 30 s.
+    worker.wait_for("Got log line indicating error", timeout=90)
     status = report_server.wait_status(lambda s: bool(s.get("error_msg")), timeout=30)
     assert status["error_msg"] in LLAMA.error_lines
     assert not (tmp_path / "state" / ".has_benchmark").exists()

@@ -93,8 +93,14 @@ HOOKS: tuple[Hook, ...] = (
          "queues a refused request's outcome: a forged one counts no load"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
-    Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "call", ("report_soon",),
-         "sends a status report: the loaded one goes at once, not at the SDK's next 10 s tick"),
+    Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
+         "sends a status report: the loaded one goes at once, not at the SDK's next 10 s tick "
+         "(report_soon); what a request adds while it is on its way is kept (report_keep)"),
+    Hook("model_metrics", "Metrics", "model_metrics", "read", ("report_keep",),
+         "the counters a status report is built from"),
+    Hook("model_metrics_reset", "Metrics", "model_metrics.reset", "wrap", ("report_keep",),
+         "zeroes the counters after a report went through, wiping what arrived during its POST: "
+         "report_keep keeps that part"),
     Hook("update_pending", "Metrics", "update_pending", "set", ("report_soon",),
          "asks the SDK's loop for a report at its next tick (when the immediate one did not go)"),
     Hook("last_metric_update", "Metrics", "last_metric_update", "read", ("report_soon",),
@@ -152,8 +158,12 @@ def get(obj: Any, key: str) -> Any:
 
 
 def put(obj: Any, key: str, value: Any) -> None:
-    """Set the hook on the instance `obj` (its own attribute: the class is not touched)."""
-    setattr(obj, BY_KEY[key].attr, value)
+    """Set the hook on the instance `obj` (its own attribute: the class is not touched; a dotted
+    hook is set on the instance its path leads to)."""
+    *path, last = BY_KEY[key].attr.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
 
 
 def wrap(obj: Any, key: str, who: str, make: Callable[[Any], Any]) -> Any:

@@ -1,6 +1,7 @@
 """What the worker adds for serving under real traffic (issue 14), one module per job:
 
 - engine_close: an engine answer is closed when its request ends (a client gone mid-stream stops the engine);
+- report_keep: work that ends while a status report is on its way is counted in the next one;
 - report_soon: the "loaded" status report leaves at once, not at the SDK's next 10 s tick;
 - drain: on SIGTERM new requests get 503, requests in flight finish (BAKERY_DRAIN_TIMEOUT), exit 0;
 - log_tail: the engine's log is read on the event loop, not through a thread hand-off per line.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.openai import drain, engine_close, log_tail, report_soon
+from workers.openai import drain, engine_close, log_tail, report_keep, report_soon
 
 
 def install(ctx: Any, drain_seconds: float, retry_after: int) -> drain.Drain:
-    """Install the four parts; raises guards.GuardError when an SDK hook is missing."""
+    """Install the five parts; raises guards.GuardError when an SDK hook is missing."""
     engine_close.install(ctx)
+    report_keep.install(ctx)  # before report_soon, which sends through the wrapped send
     report_soon.install(ctx)
     log_tail.install()
     return drain.install(ctx, drain_seconds, retry_after)
