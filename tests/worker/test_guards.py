@@ -284,8 +284,31 @@ def test_malformed_envelopes_are_422_json(running: Running) -> None:
     result = request(running.port, "/v1/completions", _signed_with(running),
                      headers={"Content-Type": "application/json; charset=no-such-charset"})
     json_error((result[0], json.loads(result[1]), result[2]), 422)
+    # UTF-16, declared, is JSON too: decoded, and its envelope judged (unsigned here: 401)
+    result = request(running.port, "/v1/completions", json.dumps({"auth_data": running.auth()}).encode("utf-16"),
+                     headers={"Content-Type": "application/json; charset=utf-16"})
+    assert result[0] == 422 and b"charset" not in result[1], result
     out = running.worker.text
     assert "Traceback" not in out and "Error handling request" not in out
+
+
+CHARSETS_REFUSED = ("punycode", "idna", "utf-7", "latin-1", "cp500", "rot13", "hex")
+
+
+def test_a_body_in_a_charset_json_is_not_written_in_is_refused_before_decoding(harness: Harness) -> None:
+    """120 KB declared punycode took 4-9 s of the event loop to decode (quadratic; this 600 KB one would
+    take minutes): each charset JSON is not written in is refused unread, with the default body limit."""
+    served = secured(harness, start_engine(harness))
+    served.worker.wait_for(SDK_READY, timeout=60)  # before it, not_ready answers 503 unread
+    body = b"a" * 600_000 + b"-" + b"b" * 10
+    for charset in CHARSETS_REFUSED:
+        started = time.monotonic()
+        result = request(served.port, "/v1/completions", body,
+                         headers={"Content-Type": f"application/json; charset={charset}"})
+        elapsed = time.monotonic() - started
+        message = json_error((result[0], json.loads(result[1]), result[2]), 422)
+        assert "charset" in message and "UTF-8" in message, (charset, message)
+        assert elapsed < 30.0, f"{charset}: {elapsed:.2f} s"
 
 
 # --------------------------------------------------------------------------- routes
