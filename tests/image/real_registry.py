@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -192,7 +193,9 @@ def gate_once(image_id: str, engine: str, *, variant: str = "local", **kwargs: A
     """
     key = (image_id, engine, variant)
     if key not in _GATE_RESULTS:
-        _GATE_RESULTS[key] = run_gate(image_id, engine, variant=variant, **kwargs)
+        result = _GATE_RESULTS[key] = run_gate(image_id, engine, variant=variant, **kwargs)
+        if not result.passed:  # the callers run build.py --quiet: say why here, or nobody sees it
+            print(f"the gate of {engine} failed; the end of its output:\n{result.output[-2400:]}", file=sys.stderr)
     return _GATE_RESULTS[key]
 
 
