@@ -303,7 +303,11 @@ def test_key_served_late_is_picked_up(side: SideLaunches) -> None:
     # worker must end up serving signed requests without anyone restarting the container (never
     # 401 forever), and report ready.
     launched = side.get("latekey")
+    # Read now: the attributes the launch holds may be from before the container started (a fresh run
+    # on a loaded machine saw StartedAt 0001-01-01 there, and took the real start for a restart).
+    launched.container.reload()
     started = launched.container.attrs["State"]["StartedAt"]
+    assert not started.startswith("0001-"), f"the late-key container never started: {launched.container.attrs['State']}"
 
     def fetches() -> list[int]:
         return [r.get("status") for r in launched.records("/pubkey/")]

@@ -239,6 +239,55 @@ def test_bad_signatures_are_refused(case: str, running: Running, other_key: Sign
     json_error(send(running.port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "x"}}), 401)
 
 
+@pytest.mark.parametrize("case", ["newline and ANSI", "not canonical", "whitespace", "short", "long"])
+def test_a_signature_that_is_not_one_is_refused_before_the_sdk_logs_it(case: str, running: Running) -> None:
+    """The SDK logs a failed signature as it came (`Signature error ... sig:<it>`): one that is not
+    canonical base64 of the key's size is refused before it, so nothing a caller wrote is logged."""
+    auth = running.auth(idx=4100)
+    good = auth["signature"]
+    auth["signature"] = {
+        "newline and ANSI": good[:-4] + "\n\x1b[31mINJECTED\x1b[0m",
+        "not canonical": good[:-2] + ("B=" if good[-2:] != "B=" else "C="),  # other unused bits
+        "whitespace": good[:40] + " " + good[41:],
+        "short": good[:-8],
+        "long": good + "AAAA",
+    }[case]
+    json_error(send(running.port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "x"}}), 401)
+    assert "INJECTED" not in running.worker.text
+    assert "sig:" + auth["signature"] not in running.worker.text
+
+
+def test_numbers_the_autoscaler_gets_must_fit_64_bits(running: Running) -> None:
+    for field, value in (("reqnum", 2**63), ("request_idx", -(2**63) - 1), ("request_idx", 10**30)):
+        auth = running.auth(idx=4200) | {field: value}
+        message = json_error(send(running.port, "/v1/completions", {"auth_data": auth, "payload": {}}), 422)
+        assert field in message and "64-bit" in message, message
+    auth = running.auth(idx=2**63 - 1)  # the largest that fits is served
+    status, body, _ = send(running.port, "/v1/completions", {"auth_data": auth, "payload": {"prompt": "x"}})
+    assert status == 200, body
+
+
+def deep_envelope(auth: dict, nested: str) -> bytes:
+    """An envelope whose payload holds `nested` (JSON text; json.dumps itself recurses on deep values)."""
+    return ('{"auth_data": ' + json.dumps(auth) + ', "payload": {"prompt": "x", "deep": ' + nested + "}}").encode()
+
+
+def test_json_nested_deeper_than_64_is_refused_before_any_parse(running: Running) -> None:
+    """A depth of ~1000 passed the guard and the SDK's own parse raised RecursionError (500)."""
+    for depth in (65, 900, 1500):
+        payload = "[" * depth + "]" * depth
+        body = deep_envelope(running.auth(idx=4300), payload)
+        result = request(running.port, "/v1/completions", body)
+        message = json_error((result[0], json.loads(result[1]), result[2]), 422)
+        assert "64 levels" in message, message
+    # 64 levels (the envelope's own object and payload count) are served
+    inner = "[" * 62 + "]" * 62
+    body = deep_envelope(running.auth(idx=4301), inner)
+    result = request(running.port, "/v1/completions", body)
+    assert result[0] == 200, result
+    assert "RecursionError" not in running.worker.text and "Traceback" not in running.worker.text
+
+
 def test_the_sdk_accepts_a_captured_envelope_with_another_payload(running: Running) -> None:
     """What the worker cannot fix (docs/security.md): only the URL is signed, so one captured auth_data
     serves any payload, any number of times. If this starts failing, the SDK signs more: update the

@@ -7,7 +7,8 @@ the table is checked at start (core.run exits 4 naming a missing hook instead of
 and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 
 - own_url: a signature counts only when auth_data.url is this worker's own URL (the `url` of its
-  status reports, `Metrics.url`) -> 401. Hook: the instance's `_Backend__check_signature`.
+  status reports, `Metrics.url`) and the signature is canonical base64 of exactly the key's size
+  (else the SDK logs it raw) -> 401. Hook: the instance's `_Backend__check_signature`.
 - sessions: /session/* answers 404 unless BAKERY_SESSIONS=true; when on, every call must be signed
   for this worker, lifetimes are capped and the close callback may only go to REPORT_ADDR's host.
 - self_update: /pyworker/* -> 403 (an image is version-locked; vastai lets an empty MASTER_TOKEN in).
@@ -192,7 +193,8 @@ def _install_own_url(ctx: Context, web: Any) -> None:
     backend = ctx.backend
     own = _hook(_hook(backend, "metrics", "own_url"), "own_url", "own_url")
     original = _hook(backend, "check_signature", "own_url")
-    refused = [0]
+    _hook(backend, "pubkey", "own_url")
+    refused, misshapen = [0], [0]
 
     def check_signature(auth_data: Any) -> bool:
         if not backend.unsecured and auth_data.url != own:
@@ -201,6 +203,14 @@ def _install_own_url(ctx: Context, web: Any) -> None:
                 log.warning("refused %d request(s) signed for another worker's URL (last: %r; this worker "
                             "is %r)", refused[0], redact_query(str(auth_data.url))[:200], own)
             return False
+        key = sdk_seam.get(backend, "pubkey")
+        if not backend.unsecured and key is not None:
+            problem = front.signature_error(str(auth_data.signature), key.size_in_bytes())
+            if problem:  # refused here, so the SDK never logs it raw (`Signature error ... sig:`)
+                misshapen[0] += 1
+                if misshapen[0] in (1, 10, 100, 1000, 10000) or misshapen[0] % 100000 == 0:
+                    log.warning("refused %d request(s) whose signature is not one (last: %s)", misshapen[0], problem)
+                return False
         return original(auth_data)
 
     sdk_seam.put(backend, "check_signature", check_signature)

@@ -78,7 +78,7 @@ HOOKS: tuple[Hook, ...] = (
          "the SDK's 5-try key fetch, replaced by one with backoff that does not give up"),
     Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
          "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
-    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes"),
+    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url"),
          "the platform's public key the SDK checks signatures with: set by pubkey_retry, read by outcomes"),
     Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
