@@ -39,8 +39,8 @@ def _request(host: str, port: int, path: str, body: dict, envelope: bool, close:
     return head.encode() + data
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """Read one whole response; return (status, keep-alive)."""
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], str]:
+    """Read a response's head; return (status, headers lowercased, status line)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
@@ -49,6 +49,12 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip().lower()
+    return status, headers, lines[0]
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """Read one whole response; return (status, keep-alive)."""
+    status, headers, status_line = await read_head(reader)
     if "content-length" in headers:
         await reader.readexactly(int(headers["content-length"]))
     elif headers.get("transfer-encoding") == "chunked":
@@ -60,7 +66,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
     else:
         await reader.read()
         return status, False
-    keep = headers.get("connection") != "close" and lines[0].startswith("HTTP/1.1")
+    keep = headers.get("connection") != "close" and status_line.startswith("HTTP/1.1")
     return status, keep
 
 

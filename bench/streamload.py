@@ -41,6 +41,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from loadgen import read_head  # bench/ is this script's directory, first on sys.path
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_BODY = '{"model": "standin-model", "prompt": "scale", "stream": true}'
 
@@ -93,14 +95,7 @@ class Lines:
 
 async def read_answer(reader: asyncio.StreamReader, stream: Stream, streamed: bool) -> None:
     """Read one response into `stream`."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip().lower()
+    status, headers, _ = await read_head(reader)
     sink = Lines(stream)
     body = bytearray()
 
