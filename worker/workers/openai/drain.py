@@ -103,12 +103,14 @@ class Drain:
             response = await handler(request)
             if self.draining:
                 response.force_close()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return response  # the client is gone (the SDK's 499): nothing to write, nobody to tell
             # aiohttp sends a plain Response only after the middleware returns: send it here, so
             # that "no request in flight" means "every answer was written".
             await response.prepare(request)
             await response.write_eof()
-            transport = request.transport
-            if transport is not None and transport.get_write_buffer_size():
+            if transport.get_write_buffer_size():
                 self._unflushed.add(transport)
             return response
         finally:
