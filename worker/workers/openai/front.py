@@ -37,7 +37,11 @@ AUTH_FIELDS: dict[str, tuple[type, ...]] = {
     "url": (str,),
 }
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_QUERY = re.compile(r"(?<=[^\s?])\?[^\s\"'<>]+")
+# A query string: everything after a "?" inside a word up to the next whitespace, quotes and angle
+# brackets included ("?'api_key=X" is a query), but for one quote or ">" that closes the field the URL
+# sits in ('"GET /a?b HTTP/1.1"', '<http://h/?q>').
+# Idempotent: a query already redacted is left as it is (a record can pass the filter twice).
+_QUERY = re.compile(r"(?<=[^\s?])\?(?!<redacted>(?:[\"'>]?(?:\s|$)))\S+?(?=[\"'>]?(?:\s|$))")
 
 
 def envelope_error(data: Any) -> str | None:
