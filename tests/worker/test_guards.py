@@ -612,3 +612,13 @@ def test_real_llama_signed_chat(harness: Harness, llama_python: Path, smollm2: P
     assert status == 200, body
     assert body["choices"][0]["message"]["content"].strip(), body
     assert os.path.exists(log)
+
+
+def test_no_part_of_the_master_token_is_logged(harness: Harness) -> None:
+    """The SDK's status block prints MASTER_TOKEN's first 7 characters as `mtoken`: redacted."""
+    token = "mtk-" + "7Q2x9Lw4Vb8Nc1Ze"
+    served = secured(harness, start_engine(harness), MASTER_TOKEN=token)
+    served.worker.wait_for("Worker Status", timeout=60)
+    served.worker.wait_for('"mtoken": "<redacted>"', timeout=30)
+    out = served.worker.text
+    assert token[:5] not in out, [line for line in out.splitlines() if "mtoken" in line]

@@ -257,6 +257,22 @@ class QueryRedactor(logging.Filter):
         return True
 
 
+_MTOKEN = re.compile(r'("mtoken"\s*:\s*")[^"]*(")')
+
+
+class TokenRedactor(logging.Filter):
+    """Rewrites the SDK's status block, which prints MASTER_TOKEN's first 7 characters as `mtoken`:
+    no part of a credential is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if '"mtoken"' in message:
+            clean = _MTOKEN.sub(r"\1<redacted>\2", message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        return True
+
+
 REDACTED_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client")
 
 

@@ -21,7 +21,7 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 - pubkey_retry: the public key is fetched until it loads, with bounded backoff; the worker reports
   itself loaded only once it has the key. Hooks: `_fetch_pubkey`, `_Backend__pubkey_fetch_complete`,
   `Metrics._model_loaded`.
-- log_hygiene: no log line prints a query string.
+- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows.
 - http_listener: the SDK's second listener (WORKER_HTTP_PORT) binds 127.0.0.1 only.
 - outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
   before the model is loaded or while draining) or does not report (its own 422), of an envelope
@@ -349,6 +349,7 @@ def _install_log_hygiene(ctx: Context, web: Any) -> None:
     redactor = QueryRedactor()
     for handler in logging.getLogger().handlers:
         handler.addFilter(redactor)
+        handler.addFilter(front.TokenRedactor())
     for name in REDACTED_LOGGERS:  # also when a record does not reach the root's handlers
         logging.getLogger(name).addFilter(redactor)
 
