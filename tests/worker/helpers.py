@@ -169,11 +169,14 @@ class ReportServer:
                     outer.reports.append((self.path, data))
                 if outer.status_delay and self.path.rstrip("/") == "/worker_status":
                     time.sleep(outer.status_delay)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker gave up waiting (a held answer, status_delay): nothing to say
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
