@@ -104,7 +104,6 @@ class Answer:
         """The whole body (waits for its end)."""
         if self._body is None:
             await self.finished
-            self.finished.result()
             self._body = b"".join(self._pending)
             self._pending = []
         return self._body
@@ -115,8 +114,7 @@ class Answer:
             return
         self._closed = True
         self._stop_timer()
-        if not self._ended:
-            self.conn.discard()
+        if not self._ended:  # _fail drops the connection
             self._fail(EngineError("the engine answer was closed before its end"))
 
     # -- what the engine connection feeds

@@ -161,20 +161,20 @@ def error(web: Any, status: int, message: str, **headers: str) -> Any:
 JSON_CHARSETS = frozenset({"utf-8", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"})
 
 
-def charset_error(charset: str | None) -> str | None:
-    """Why a declared request charset is refused, or None. Checked before anything decodes the body:
-    Python's decoders of other charsets can be slow beyond their size (punycode is quadratic: a
-    120 KB body took 4-9 s of the worker's only event loop)."""
+def json_codec(charset: str | None) -> tuple[str, str | None]:
+    """(the codec a body declared in `charset` is decoded with, why it is refused or None). Checked
+    before anything decodes the body: Python's decoders of other charsets can be slow beyond their
+    size (punycode is quadratic: a 120 KB body took 4-9 s of the worker's only event loop)."""
     if not charset:
-        return None
+        return "utf-8", None
     try:
         name = codecs.lookup(charset).name
     except LookupError:
         name = ""
     if name in JSON_CHARSETS:
-        return None
-    return (f"the request body's charset {charset[:40]!r} is not one JSON is written in: send UTF-8 "
-            "(or UTF-16/UTF-32, declared)")
+        return name, None
+    return name, (f"the request body's charset {charset[:40]!r} is not one JSON is written in: send UTF-8 "
+                  "(or UTF-16/UTF-32, declared)")
 
 
 MAX_JSON_DEPTH = 64  # nesting a request body may have (JSON objects and arrays); deeper is 422
@@ -214,16 +214,15 @@ def depth_error(body: bytes) -> str | None:
 
 async def read_json(request: Any) -> tuple[Any, str | None]:
     """The request's JSON body decoded as aiohttp's request.json() would, or an error."""
-    refused = charset_error(request.charset)
+    codec, refused = json_codec(request.charset)
     if refused:
         return None, refused
     body = await request.read()
     try:
-        text = body.decode(request.charset or "utf-8")
-    except (LookupError, UnicodeDecodeError):
+        text = body.decode(codec)
+    except UnicodeDecodeError:
         return None, "the request body is not valid UTF-8 (or UTF-16/UTF-32 as declared)"
-    utf8 = codecs.lookup(request.charset or "utf-8").name == "utf-8"
-    deep = depth_error(body if utf8 else text.encode("utf-8", "surrogatepass"))
+    deep = depth_error(body if codec == "utf-8" else text.encode("utf-8", "surrogatepass"))
     if deep:
         return None, deep
     try:
@@ -245,32 +244,43 @@ BARE = {401: "the request is not signed for this worker", 410: "the session does
         429: "the worker's queue is full; retry later", 500: "the engine request failed"}
 
 
-class QueryRedactor(logging.Filter):
-    """Rewrites a record whose message holds a URL query string (see redact_query); drops nothing."""
+class MessageRewriter(logging.Filter):
+    """A filter that rewrites a record's message (`rewrite`, for messages holding `marker`); drops nothing."""
+
+    marker = ""
+
+    def rewrite(self, message: str) -> str:
+        return message
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "?" in message:
-            clean = redact_query(message)
+        if self.marker in message:
+            clean = self.rewrite(message)
             if clean != message:
                 record.msg, record.args = clean, None
         return True
+
+
+class QueryRedactor(MessageRewriter):
+    """Rewrites a record whose message holds a URL query string (see redact_query)."""
+
+    marker = "?"
+
+    def rewrite(self, message: str) -> str:
+        return redact_query(message)
 
 
 _MTOKEN = re.compile(r'("mtoken"\s*:\s*")[^"]*(")')
 
 
-class TokenRedactor(logging.Filter):
+class TokenRedactor(MessageRewriter):
     """Rewrites the SDK's status block, which prints MASTER_TOKEN's first 7 characters as `mtoken`:
     no part of a credential is logged."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if '"mtoken"' in message:
-            clean = _MTOKEN.sub(r"\1<redacted>\2", message)
-            if clean != message:
-                record.msg, record.args = clean, None
-        return True
+    marker = '"mtoken"'
+
+    def rewrite(self, message: str) -> str:
+        return _MTOKEN.sub(r"\1<redacted>\2", message)
 
 
 REDACTED_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client")

@@ -189,6 +189,11 @@ def _hook(obj: Any, key: str, guard: str) -> Any:
     return sdk_seam.find(obj, key, f"guard {guard}")
 
 
+def now_and_then(count: int) -> bool:
+    """Whether the `count`-th refusal of a kind is logged: the 1st, 10th, 100th ... (a flood is not)."""
+    return count in (1, 10, 100, 1000, 10000) or count % 100000 == 0
+
+
 def _install_own_url(ctx: Context, web: Any) -> None:
     backend = ctx.backend
     own = _hook(_hook(backend, "metrics", "own_url"), "own_url", "own_url")
@@ -199,7 +204,7 @@ def _install_own_url(ctx: Context, web: Any) -> None:
     def check_signature(auth_data: Any) -> bool:
         if not backend.unsecured and auth_data.url != own:
             refused[0] += 1
-            if refused[0] in (1, 10, 100, 1000, 10000) or refused[0] % 100000 == 0:
+            if now_and_then(refused[0]):
                 log.warning("refused %d request(s) signed for another worker's URL (last: %r; this worker "
                             "is %r)", refused[0], redact_query(str(auth_data.url))[:200], own)
             return False
@@ -208,7 +213,7 @@ def _install_own_url(ctx: Context, web: Any) -> None:
             problem = front.signature_error(str(auth_data.signature), key.size_in_bytes())
             if problem:  # refused here, so the SDK never logs it raw (`Signature error ... sig:`)
                 misshapen[0] += 1
-                if misshapen[0] in (1, 10, 100, 1000, 10000) or misshapen[0] % 100000 == 0:
+                if now_and_then(misshapen[0]):
                     log.warning("refused %d request(s) whose signature is not one (last: %s)", misshapen[0], problem)
                 return False
         return original(auth_data)
