@@ -18,6 +18,7 @@ from tests.worker.helpers import Harness, post_enveloped
 pytestmark = pytest.mark.slow
 MODEL = "standin-model"
 SLOW_ANSWER = {"STANDIN_TOKEN_DELAY": "0.6"}  # 4 tokens: ~2.4 s
+REQUEST = 7101  # this test's request_idx: the reports that name it are about it
 
 
 def test_a_request_that_ends_during_a_report_is_counted_in_the_next(harness: Harness) -> None:
@@ -30,12 +31,12 @@ def test_a_request_that_ends_during_a_report_is_counted_in_the_next(harness: Har
         reports.reports.clear()
     answers: list[int] = []
     thread = threading.Thread(target=lambda: answers.append(post_enveloped(
-        served.port, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4})[0]))
+        served.port, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4}, reqnum=REQUEST)[0]))
     thread.start()
     thread.join(30)
     assert answers == [200]
     # The race was provoked: a report left while the request was working and carried none of its work.
-    during = [s for s in reports.statuses() if s.get("num_requests_working") == 1]
+    during = [s for s in reports.statuses() if s.get("working_request_idxs") == [REQUEST]]
     assert during and all(s.get("cur_perf") == 0 for s in during), reports.statuses()
     # BENCHMARK_MAX_TOKENS=8: max_tokens 4 is 4 units, and they reach a later report.
     reports.wait_status(lambda s: s.get("cur_perf") == pytest.approx(4.0), timeout=30)
