@@ -93,9 +93,7 @@ class Drain:
 
         if self.draining and request.path in self.routes:
             self.refused += 1
-            response = web.json_response(
-                {"error": "the worker is shutting down; retry on another worker"}, status=503,
-                headers={"Retry-After": str(self.retry_after)})
+            response = retry_later(web, "the worker is shutting down; retry on another worker", self.retry_after)
             response.force_close()
             return response
         self.in_flight += 1
@@ -171,6 +169,12 @@ class Drain:
         loop = asyncio.get_running_loop()
         for sig in SIGNALS:
             loop.add_signal_handler(sig, self.begin)
+
+
+def retry_later(web: Any, message: str, retry_after: int) -> Any:
+    """503 JSON {"error": message} with Retry-After: a request refused for now (draining, or over a
+    bound of admission.py), to be sent again later or elsewhere."""
+    return web.json_response({"error": message}, status=503, headers={"Retry-After": str(retry_after)})
 
 
 def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
