@@ -110,7 +110,7 @@ def test_the_rule_lets_bakery_own_privates_pass() -> None:
 def test_every_hook_row_is_complete() -> None:
     assert len(sdk_seam.BY_KEY) == len(sdk_seam.HOOKS)
     for hook in sdk_seam.HOOKS:
-        assert hook.owner in sdk_seam.INSTANCE_OWNERS or hook.owner.startswith("vastai."), hook
+        assert hook.owner in sdk_seam.INSTANCE_OWNERS or hook.owner.startswith(("vastai.", "aiohttp.")), hook
         assert hook.use in ("wrap", "replace", "call", "read", "set"), hook
         assert hook.users and hook.why and hook.checked == sdk_seam.SDK_VERSION, hook
 
@@ -142,12 +142,14 @@ def test_every_hook_exists_on_the_locked_sdk(worker_python: Path, tmp_path: Path
     """Each row of HOOKS is on a real Worker (optional rows too), and what the worker wraps, replaces
     or calls is callable."""
     code = MAKE_WORKER + """
+import functools
 owners = {"Backend": worker.backend, "Metrics": worker.backend.metrics}
 out = {"missing": [h.key for h in sdk_seam.missing(worker, required_only=False)], "not_callable": []}
 for h in sdk_seam.HOOKS:
     if h.use in ("wrap", "replace", "call") and h.key not in ("web", "engine_session"):
         obj = owners.get(h.owner) or sys.modules[h.owner]
-        value = sdk_seam.find(obj, h.key, "test") if h.owner in owners else getattr(obj, h.attr)
+        value = sdk_seam.find(obj, h.key, "test") if h.owner in owners else \
+            functools.reduce(getattr, h.attr.split("."), obj)
         if not callable(value) and not hasattr(value, "set"):
             out["not_callable"].append(h.key)
 print(json.dumps(out))

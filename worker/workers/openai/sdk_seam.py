@@ -2,7 +2,8 @@
 
 bakery's guards, drain, fast report, log tail and response closer change what the SDK's server does
 at points the SDK offers no API for: name-mangled methods of its Backend and Metrics, the `web` name
-its server module builds its apps with, its backend module's `open_file`. Each such point is one row
+its server module builds its apps with, its backend module's `open_file`, and three points of the
+aiohttp under it (a listener's protocol factory and connections, a request's read). Each such point is one row
 of HOOKS (what it is, what the worker does with it, why, the SDK version it was checked against),
 and this module is the only one under worker/workers/ that names a private SDK attribute
 (tests/worker/test_sdk_seam.py checks the source of the others). The others go through the functions
@@ -123,6 +124,16 @@ HOOKS: tuple[Hook, ...] = (
     Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "read", ("core",),
          "its from_json_msg computes inspect.signature 7 times per request: given a __signature__",
          required=False),
+    # aiohttp (3.14.5, locked with the SDK) under the SDK's server.
+    Hook("site_factory", "aiohttp.web_runner", "BaseRunner.server", "read", ("admission",),
+         "TCPSite.start hands its runner's `server` to loop.create_server as the protocol factory: the "
+         "shim gives WORKER_PORT's site a runner (FactoryRunner) whose `server` is admission's factory, "
+         "which answers a connection over the cap before aiohttp makes a protocol for it"),
+    Hook("server_connections", "aiohttp.web_server", "Server.connections", "read", ("admission",),
+         "the open connections of a listener (until each one's handler ends): the connection cap's count"),
+    Hook("request_read", "aiohttp.web_request", "BaseRequest.read", "replace", ("admission",),
+         "a chunked body's read, replaced on the request by one that reserves each chunk against the "
+         "byte bound before keeping it (aiohttp's text() and json(), which the SDK calls, read through it)"),
 )
 BY_KEY: dict[str, Hook] = {hook.key: hook for hook in HOOKS}
 INSTANCE_OWNERS = ("Backend", "Metrics")
@@ -242,7 +253,8 @@ def real_web(who: str) -> Any:
 class WebShim:
     """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
     AppRunner and TCPSite also get what `parts` holds (the guards' Context: middlewares with their
-    ranks, app and runner arguments, startup hooks, a listener's host by port)."""
+    ranks, app and runner arguments, startup hooks, a listener's host by port, the runner a site
+    listens through)."""
 
     def __init__(self, real: Any, parts: Any):
         self._real = real
@@ -268,7 +280,37 @@ class WebShim:
         host = self._parts.site_hosts.get(kwargs.get("port"))  # type: ignore[arg-type]
         if host is not None:
             kwargs["host"] = host
+        for wrap in getattr(self._parts, "site_runners", ()):  # admission's connection cap
+            runner = wrap(runner, kwargs.get("port"))
         return self._real.TCPSite(runner, *args, **kwargs)
+
+
+def replace_request_read(request: Any, read: Callable[[], Any]) -> None:
+    """Make `read` the request's read() (hook "request_read"): every reader of its body calls it."""
+    setattr(request, BY_KEY["request_read"].attr.split(".")[-1], read)
+
+
+class FactoryRunner:
+    """Stands for an aiohttp AppRunner when a site is made on it (hook "site_factory"): the same
+    runner, except that its `server`, the protocol factory the site listens with, is
+    `factory(server)`. Everything else (the site's registration with its runner) is the runner's."""
+
+    def __init__(self, real: Any, factory: Callable[[Any], Any]) -> None:
+        self._real = real
+        self._factory = factory
+        self._made: tuple[Any, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    @property
+    def server(self) -> Any:
+        server = self._real.server
+        if server is None:
+            return None
+        if self._made is None or self._made[0] is not server:
+            self._made = (server, self._factory(server))
+        return self._made[1]
 
 
 def install_web(real: Any, parts: Any) -> None:
