@@ -107,12 +107,22 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_ENGINE_IDLE_TIMEOUT", "number", 600.0, "exit", "guards",
         "longest silence of the engine while answering"),
     Var("BAKERY_RETRY_AFTER", "digits", 10, "exit", "guards",
-        "Retry-After seconds of a 503 before the model is loaded"),
+        "Retry-After seconds of a 503 (model not loaded, draining, over a global bound)"),
     Var("BAKERY_SESSIONS", "bool", False, "exit", "guards", "whether /session/* routes are served"),
     Var("BAKERY_SESSION_MAX_LIFETIME", "number", 600.0, "exit", "guards", "largest session lifetime"),
     Var("BAKERY_MAX_SESSIONS", "digits", 10, "exit", "guards", "open sessions at once"),
     Var("BAKERY_PUBKEY_BACKOFF_MAX", "number", 60.0, "exit", "guards", "longest wait between public-key fetches"),
     Var("BAKERY_PUBKEY_FETCH_TIMEOUT", "number", 10.0, "exit", "guards", "time for one public-key fetch"),
+    # Global bounds (admission.py). 256 MiB of bodies at once: sixteen at the 16 MiB body limit, or 1024
+    # streams (the top of a GPU engine's range, docs/serving.md) of 256 KiB prompts each; a body costs
+    # the worker ~3x its size while parsed, so bodies stay under ~1 GiB of its memory. Unset, it is never
+    # below two bodies of the body limit (2 x 96 MiB with upload routes).
+    Var("BAKERY_MAX_BUFFERED_BYTES", "digits", 256 * 1024 * 1024, "exit", "guards",
+        "request body bytes buffered at once, all connections together"),
+    # 2048: twice the 1024 streams a GPU engine runs, for keep-alive connections idle between them (the
+    # header timeout closes those); ~30 KiB per open stream (BENCHMARKS.md) is ~60 MiB at the cap, and
+    # with one engine connection per request it needs ~4.3k open files (admission.fds_needed).
+    Var("BAKERY_MAX_CONNECTIONS", "digits", 2048, "exit", "guards", "open connections on WORKER_PORT"),
     # Drain (drain.py; also read by the entry point, which sizes the worker's stopwaitsecs from it).
     Var("BAKERY_DRAIN_TIMEOUT", "drain", 8.0, "exit", "drain", "seconds requests in flight get after SIGTERM"),
     # Platform variables the SDK reads unguarded (core.check_platform_env).

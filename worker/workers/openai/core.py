@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import config, drain, forward, guards, routes, sdk_seam, serving, uploads
+from workers.openai import admission, config, drain, forward, guards, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -732,6 +732,9 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
     if errors:
         raise ConfigError(errors)
     limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
+    limits, bound_errors = admission.reconcile(limits, env)  # the byte bound against the body limit
+    if bound_errors:
+        raise ConfigError(bound_errors)
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
                         warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env))

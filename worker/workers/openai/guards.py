@@ -14,7 +14,9 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 - self_update: /pyworker/* -> 403 (an image is version-locked; vastai lets an empty MASTER_TOKEN in).
 - limits: request body size (413), body read time (408), header time (keep-alive timer), engine
   connect and idle-read timeouts (504). Hooks: the `web` name the SDK's server module uses
-  (Application/AppRunner/TCPSite), the `session` cached_property, `_Backend__call_backend`.
+  (Application/AppRunner/TCPSite), the `session` cached_property, `_Backend__call_backend`. With it,
+  admission.py: the global bounds on buffered body bytes and open connections (503 + Retry-After)
+  and no Content-Encoding on requests (415).
 - not_ready: the model routes answer 503 + Retry-After until the SDK marks the model loaded.
 - envelope: a malformed envelope -> 422 JSON (never the SDK's 500), and the SDK's body-less refusals
   (401/429/500) get a JSON body.
@@ -48,7 +50,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.openai import config, front, sdk_seam
+from workers.openai import admission, config, front, sdk_seam
 from workers.openai.sdk_seam import GuardError
 
 ACTIVE = (
@@ -98,6 +100,8 @@ class Limits:
     max_sessions: int = 10
     pubkey_backoff_max: float = 60.0
     pubkey_fetch_timeout: float = 10.0
+    max_buffered_bytes: int = 256 * 1024 * 1024  # why: config.VARIABLES
+    max_connections: int = 2048
 
 
 # field -> (variable, kind, what it is): each row is the variable's row of config.VARIABLES.
@@ -113,6 +117,8 @@ LIMIT_VARS: dict[str, str] = {
     "max_sessions": "BAKERY_MAX_SESSIONS",
     "pubkey_backoff_max": "BAKERY_PUBKEY_BACKOFF_MAX",
     "pubkey_fetch_timeout": "BAKERY_PUBKEY_FETCH_TIMEOUT",
+    "max_buffered_bytes": "BAKERY_MAX_BUFFERED_BYTES",
+    "max_connections": "BAKERY_MAX_CONNECTIONS",
 }
 VARIABLES: dict[str, tuple[str, str, str]] = {
     attr: (name, config.BY_NAME[name].kind, config.BY_NAME[name].doc) for attr, name in LIMIT_VARS.items()}
@@ -135,7 +141,8 @@ def describe(active: tuple[str, ...], limits: Limits) -> str:
         f"header_timeout={limits.header_timeout:g}s engine_connect={limits.engine_connect_timeout:g}s "
         f"engine_idle={limits.engine_idle_timeout:g}s retry_after={limits.retry_after}s "
         f"sessions={'on' if limits.sessions else 'off'} session_lifetime<={limits.session_max_lifetime:g}s "
-        f"max_sessions={limits.max_sessions} pubkey_backoff<={limits.pubkey_backoff_max:g}s"
+        f"max_sessions={limits.max_sessions} pubkey_backoff<={limits.pubkey_backoff_max:g}s "
+        f"max_buffered={limits.max_buffered_bytes}B max_connections={limits.max_connections}"
     )
 
 
@@ -169,6 +176,8 @@ class Context:
     site_hosts: dict[int, str] = field(default_factory=dict)
     on_startup: list[Callable[[Any], Awaitable[None]]] = field(default_factory=list)
     handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> the SDK's EndpointHandler
+    # wrap(runner, port) -> the runner a listener on `port` is made on (admission's connection cap)
+    site_runners: list[Callable[[Any, int | None], Any]] = field(default_factory=list)
 
 
 _OUTCOME = front.OUTCOME  # the engine call's timeout, for the limits_engine middleware's 504
@@ -182,6 +191,9 @@ session_create_error = front.session_create_error
 # outcomes is outermost (outside the drain's -1): it sees every refusal, the drain's 503 included.
 RANK = {"outcomes": -2, "self_update": 0, "limits_body": 1, "sessions": 2, "not_ready": 3, "envelope": 4,
         "limits_engine": 5}
+# but admission's (limits), further out: its 503 and 415 come before any body is read and name no
+# request (as 413 and 408 do not), and outcomes must not read a body it refused to buffer.
+RANK["admission"] = -3
 
 
 def _hook(obj: Any, key: str, guard: str) -> Any:
@@ -278,6 +290,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
     ctx.middlewares.append((RANK["limits_body"], front.limits_body_middleware(
         web, limits.max_body_bytes, limits.body_timeout)))
     ctx.middlewares.append((RANK["limits_engine"], front.limits_engine_middleware(web, routes)))
+    admission.install(ctx, web, RANK["admission"])
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:

@@ -1,0 +1,95 @@
+"""admission.py's rules without the SDK: which Content-Encoding is refused, the byte bound against
+the body limit (exit 2 below one body), the byte budget, the open-files limit the cap needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from workers.openai import admission, config, core, guards
+
+from tests.worker.helpers import platform_env  # (puts worker/ on sys.path first)
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize("codings", [[], [""], ["identity"], ["IDENTITY"], ["identity, identity"], [" identity "]])
+def test_no_coding_or_identity_is_accepted(codings: list[str]) -> None:
+    assert admission.encoding_error(codings) is None
+
+
+@pytest.mark.parametrize("codings", [["gzip"], ["x-gzip"], ["Deflate"], ["br"], ["zstd"], ["compress"],
+                                     ["gzip, gzip"], ["identity, gzip"], ["identity", "br"], ["aes128gcm"]])
+def test_any_other_coding_is_refused_naming_the_header(codings: list[str]) -> None:
+    error = admission.encoding_error(codings)
+    assert error is not None and error.startswith("Content-Encoding ")
+    assert codings[-1].split(",")[-1].strip().lower() in error
+
+
+def test_a_long_coding_list_is_cut_in_the_error() -> None:
+    error = admission.encoding_error(["gzip, " * 1000])
+    assert error is not None and len(error) < 200
+
+
+def limits(**values: Any) -> guards.Limits:
+    return guards.Limits(**values)
+
+
+def test_unset_the_byte_bound_holds_two_bodies_at_least() -> None:
+    assert admission.reconcile(limits(), {})[0].max_buffered_bytes == 256 * MIB
+    assert admission.reconcile(limits(max_body_bytes=96 * MIB), {})[0].max_buffered_bytes == 256 * MIB
+    assert admission.reconcile(limits(max_body_bytes=200 * MIB), {})[0].max_buffered_bytes == 400 * MIB
+
+
+def test_set_it_may_be_one_body_but_not_less() -> None:
+    env = {"BAKERY_MAX_BUFFERED_BYTES": str(16 * MIB)}
+    assert admission.reconcile(limits(max_buffered_bytes=16 * MIB), env) == (limits(max_buffered_bytes=16 * MIB), [])
+    env = {"BAKERY_MAX_BUFFERED_BYTES": "1000"}
+    _, errors = admission.reconcile(limits(max_buffered_bytes=1000), env)
+    assert errors == [f"BAKERY_MAX_BUFFERED_BYTES='1000' is below the body limit BAKERY_MAX_BODY_BYTES={16 * MIB}: "
+                      "no body that large could be admitted; set BAKERY_MAX_BUFFERED_BYTES to at least "
+                      f"{16 * MIB} (default {256 * MIB}) or leave it unset"]
+
+
+def test_the_worker_config_refuses_a_byte_bound_below_the_body_limit() -> None:
+    """core.load_config, as the worker starts: one line, exit 2 (ConfigError)."""
+    from workers.llama.worker import DEFAULTS
+
+    env = {**platform_env(41234, "http://127.0.0.1:9"), "MODEL_LOG": "/tmp/x.log"}
+    with pytest.raises(core.ConfigError) as caught:
+        core.load_config(DEFAULTS, {**env, "BAKERY_MAX_BUFFERED_BYTES": "1000"})
+    assert [line.split("=")[0] for line in caught.value.lines] == ["BAKERY_MAX_BUFFERED_BYTES"]
+    assert core.load_config(DEFAULTS, env).limits.max_buffered_bytes == 256 * MIB
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "1.5", "256MiB", "lots"])
+def test_bad_bounds_are_exit_2_lines(raw: str) -> None:
+    for name in ("BAKERY_MAX_BUFFERED_BYTES", "BAKERY_MAX_CONNECTIONS"):
+        _, errors = guards.load_limits({name: raw})
+        assert len(errors) == 1 and errors[0].startswith(f"{name}={raw!r} "), errors
+        assert config.BY_NAME[name].bad == "exit"
+
+
+def test_the_budget_refuses_what_does_not_fit_and_takes_it_back() -> None:
+    budget = admission.Budget(100)
+    assert budget.reserve(60) and not budget.reserve(41) and budget.reserve(40)
+    assert (budget.held, budget.refused) == (100, 1)
+    budget.release(60)
+    budget.release(40)
+    assert budget.held == 0 and budget.reserve(100)
+
+
+def test_the_open_files_limit_is_raised_to_what_the_cap_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    got: list[tuple[int, int]] = []
+    monkeypatch.setattr(admission.resource, "getrlimit", lambda _: (1024, 1 << 20))
+    monkeypatch.setattr(admission.resource, "setrlimit", lambda _, value: got.append(value))
+    assert admission.raise_fd_limit(2048) is None
+    assert got == [(admission.fds_needed(2048), 1 << 20)]
+
+
+def test_a_hard_limit_below_the_need_is_a_warning_naming_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission.resource, "getrlimit", lambda _: (1024, 2048))
+    monkeypatch.setattr(admission.resource, "setrlimit", lambda *_: None)
+    warning = admission.raise_fd_limit(2048)
+    assert warning is not None and "(2048)" in warning and "BAKERY_MAX_CONNECTIONS=2048" in warning
+    assert f"to {(2048 - admission.MAX_LINGERING - admission.SPARE_FDS) // 2} " in warning

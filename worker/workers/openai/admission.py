@@ -1,0 +1,326 @@
+"""Admission at port 3000: global bounds on what all requests together may hold, and no compressed bodies.
+
+The body limit (BAKERY_MAX_BODY_BYTES) bounds one request; nothing bounded all of them: a thousand
+connections each sending a 16 MiB body would be buffered side by side. This module adds, as part of
+the `limits` guard (guards._install_limits):
+
+- **A byte bound** (BAKERY_MAX_BUFFERED_BYTES): request body bytes held by all requests at once. A
+  request reserves its body before any of it is buffered: the whole Content-Length when it has one,
+  and chunk by chunk as it is read when it is chunked (its `read()` is replaced on the request, so
+  every reader, aiohttp's `text()`/`json()` and the SDK included, goes through the reservation). A
+  request that does not fit gets 503 JSON with Retry-After (BAKERY_RETRY_AFTER); a request already
+  admitted is never refused later, so signed requests in flight, streams included, finish. The
+  reservation is released when the request ends, however it ends: answered, refused, timed out,
+  cancelled because the client left.
+- **A connection cap** (BAKERY_MAX_CONNECTIONS): connections open on WORKER_PORT. A connection
+  beyond it is answered at accept time, before aiohttp makes a protocol, a parser or a buffer for
+  it: a fixed 503 JSON with Retry-After and `Connection: close`, then the write side is shut and what
+  the client sends is discarded for at most LINGER_SECONDS (so it reads the answer instead of a
+  reset), at most MAX_LINGERING such connections at once (beyond that they are closed right after
+  the answer). Nothing on an admitted connection is touched, so a flood of connections cannot cut
+  or slow an admitted stream beyond the event loop time a refusal costs (tens of microseconds).
+  Idle keep-alive connections, and connections that never finish their headers, are closed by the
+  header timeout (BAKERY_HEADER_TIMEOUT, aiohttp's keep-alive timer), so they hold a slot that long
+  at most.
+- **No Content-Encoding on requests**: a request declaring any content coding but `identity` gets
+  415 JSON naming the header, before anything reads its body, and aiohttp's own decompression of
+  request bodies is turned off (`auto_decompress=False`), so no decompressor ever runs on the event
+  loop: the platform's router sends plain JSON. Measured before: a 41 KB gzip body that inflates to
+  40 MiB was inflated in steps of up to the body limit (16 MiB each) and refused with 413 only after
+  ~32 MiB, holding the event loop ~0.5-0.6 s and raising the worker's peak memory by ~84 MB; `br`
+  and `zstd` got aiohttp's plain-text 400.
+
+The worker raises its soft open-files limit to what the cap needs (client connections, one engine
+connection per admitted request, the refusals), up to the hard limit, and warns when that is not
+enough: accept() and the engine's connect failing with EMFILE would hurt admitted requests.
+
+Imports only the standard library at import time (aiohttp's `web` is passed in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from workers.openai import config, drain, front, sdk_seam
+
+BYTES_VAR = "BAKERY_MAX_BUFFERED_BYTES"
+CONNECTIONS_VAR = "BAKERY_MAX_CONNECTIONS"
+BODY_VAR = "BAKERY_MAX_BODY_BYTES"
+# A refused connection waits this long for the client to read the answer and close (a reset could
+# lose the answer at the client), and is dropped once it sent this much more.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 * 1024
+# Refused connections lingering at once: each holds a file descriptor, and a flood of them must not
+# use up the descriptors admitted requests need for their engine connections.
+MAX_LINGERING = 128
+# Descriptors beyond the connections: engine connections come from the count of admitted requests
+# (one each), these are the rest (logs, the report client, the listeners, the engine's pool headroom).
+SPARE_FDS = 64
+
+log = logging.getLogger("bakery.admission")
+
+
+def now_and_then(count: int) -> bool:
+    """guards.now_and_then (the 1st, 10th, 100th ... refusal is logged): imported late, since guards
+    imports this module."""
+    from workers.openai.guards import now_and_then as rule
+
+    return rule(count)
+
+
+class Overbudget(Exception):
+    """A chunked body grew beyond what the byte bound has left: the request is refused with 503."""
+
+
+class Budget:
+    """The request body bytes all requests hold at once, against `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.refused = 0
+
+    def reserve(self, size: int) -> bool:
+        """Take `size` bytes if they fit (then True); else count a refusal and take nothing."""
+        if self.held + size > self.limit:
+            self.refused += 1
+            return False
+        self.held += size
+        return True
+
+    def release(self, size: int) -> None:
+        """Give back `size` bytes taken by reserve()."""
+        self.held -= size
+
+
+class Ticket:
+    """What one request has reserved so far."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+
+def encoding_error(codings: list[str]) -> str | None:
+    """Why a request with these Content-Encoding header values is refused, or None (no header, or
+    only `identity`). Stacked codings ("gzip, br"), repeated headers and any case are all seen."""
+    named = [c.strip().lower() for value in codings for c in value.split(",") if c.strip()]
+    if all(c == "identity" for c in named):
+        return None
+    shown = ", ".join(named)[:60]
+    return (f"Content-Encoding {shown!r} is not accepted on requests: send the JSON body uncompressed "
+            "(no Content-Encoding header)")
+
+
+def reserving_read(request: Any, budget: Budget, ticket: Ticket, max_body: int,
+                   web: Any) -> Callable[[], Awaitable[bytes]]:
+    """A `read()` for a chunked request: each chunk is reserved on `ticket` before it is kept (else
+    Overbudget), and a body over `max_body` is 413 as aiohttp's own read makes it."""
+    cached: list[bytes] = []
+
+    async def read() -> bytes:
+        if cached:
+            return cached[0]
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_body:
+                raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=size)
+            if size > ticket.held:  # a read begun again after a timeout reserves nothing twice
+                if not budget.reserve(size - ticket.held):
+                    raise Overbudget
+                ticket.held = size
+            parts.append(chunk)
+        cached.append(b"".join(parts))
+        return cached[0]
+
+    return read
+
+
+class Connections:
+    """The connection cap: hands each listener a protocol factory that answers a connection beyond
+    `cap` (counted over every capped listener) with `answer` instead of serving it."""
+
+    def __init__(self, cap: int, retry_after: int) -> None:
+        self.cap = cap
+        self.servers: list[Any] = []  # aiohttp's web.Server of each capped listener
+        self.starting = 0
+        self.lingering = 0
+        self.refused = 0
+        text = json.dumps({"error": f"the worker has {cap} connections open, its limit ({CONNECTIONS_VAR}); "
+                                    "retry later or on another worker"}).encode()
+        self.answer = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+                       f"Content-Length: {len(text)}\r\nRetry-After: {retry_after}\r\nConnection: close\r\n"
+                       "\r\n").encode("ascii") + text
+
+    def open(self) -> int:
+        """Connections open now on the capped listeners (aiohttp's own count: until a handler ends)."""
+        return sum(len(server.connections) for server in self.servers)
+
+    def factory(self, server: Any) -> Callable[[], asyncio.BaseProtocol]:
+        """The protocol factory for a listener whose aiohttp factory is `server`."""
+        self.servers.append(server)
+
+        def make() -> asyncio.BaseProtocol:
+            if self.open() + self.starting >= self.cap:
+                return Refusal(self)
+            # aiohttp counts a connection from its connection_made, which asyncio calls a loop turn
+            # after this (and a burst of connections accepted at once is made before any of them):
+            # counted here until then, two turns (plain TCP; see docs/security.md for TLS).
+            self.starting += 1
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.started)
+            return server()
+
+        return make
+
+    def started(self) -> None:
+        """A connection made by the factory is now in aiohttp's own count."""
+        self.starting -= 1
+
+
+class Refusal(asyncio.Protocol):
+    """A connection over the cap: the 503 at once, then a short bounded linger, then closed."""
+
+    def __init__(self, owner: Connections) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.discarded = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        owner = self.owner
+        owner.refused += 1
+        owner.lingering += 1
+        if now_and_then(owner.refused):
+            log.warning("refused %d connection(s) beyond %s=%d (503)", owner.refused, CONNECTIONS_VAR, owner.cap)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(owner.answer)
+        if owner.lingering > MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the client is gone already
+            transport.abort()
+            return
+        self.timer = asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        self.discarded += len(data)
+        if self.discarded > LINGER_BYTES and self.transport is not None:
+            self.transport.abort()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.lingering -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: int) -> Any:
+    """415 for a compressed body; 503 + Retry-After for a body the byte bound cannot take; the
+    reservation released when the request ends."""
+    full = f"the worker holds its limit of request bodies ({BYTES_VAR}={budget.limit} bytes); retry later"
+
+    @web.middleware
+    async def admission(request: Any, handler: Any) -> Any:
+        codings = request.headers.getall("Content-Encoding", ())
+        if codings:
+            refused = encoding_error(codings)
+            if refused:
+                return front.error(web, 415, refused)
+        if not request.body_exists:
+            return await handler(request)
+        ticket = Ticket()
+        try:
+            length = request.content_length
+            if length is None:
+                sdk_seam.replace_request_read(request, reserving_read(request, budget, ticket, max_body, web))
+            elif length <= max_body:  # a larger one is 413 before it is read (limits_body)
+                if not budget.reserve(length):
+                    return drain.retry_later(web, full, retry_after)
+                ticket.held = length
+            try:
+                return await handler(request)
+            except Overbudget:
+                return drain.retry_later(web, full, retry_after)
+        finally:
+            budget.release(ticket.held)
+
+    return admission
+
+
+def fds_needed(max_connections: int) -> int:
+    """Open files the worker may need at the cap: each connection, an engine connection per admitted
+    request, the lingering refusals and the rest."""
+    return 2 * max_connections + MAX_LINGERING + SPARE_FDS
+
+
+def raise_fd_limit(max_connections: int) -> str | None:
+    """Raise the soft open-files limit to what the cap needs (up to the hard limit); a warning when
+    even the hard limit is too low, else None."""
+    need = fds_needed(max_connections)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft >= need:
+        return None
+    return (f"the open-files limit ({soft}) is below the {need} that {CONNECTIONS_VAR}={max_connections} "
+            f"can need: lower {CONNECTIONS_VAR} to {max(1, (soft - MAX_LINGERING - SPARE_FDS) // 2)} or raise the "
+            "container's nofile limit")
+
+
+def reconcile(limits: Any, env: Mapping[str, str]) -> tuple[Any, list[str]]:
+    """The byte bound against the body limit: (limits, error lines). Unset, it is at least two bodies
+    of the body limit (one large body must not lock every other out); set below one body, no body of
+    that size could ever be admitted, which is a configuration error."""
+    if not config.is_set(env, BYTES_VAR):
+        return replace(limits, max_buffered_bytes=max(limits.max_buffered_bytes, 2 * limits.max_body_bytes)), []
+    if limits.max_buffered_bytes >= limits.max_body_bytes:
+        return limits, []
+    return limits, [f"{BYTES_VAR}={config.value(env, BYTES_VAR)!r} is below the body limit {BODY_VAR}="
+                    f"{limits.max_body_bytes}: no body that large could be admitted; set {BYTES_VAR} to at "
+                    f"least {limits.max_body_bytes} (default {config.BY_NAME[BYTES_VAR].default}) or leave it unset"]
+
+
+def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
+    """Add admission to the guards' Context `ctx`: the middleware at `rank`, the connection cap on
+    every listener but the SDK's loopback one (ctx.http_port), and no request decompression."""
+    limits = ctx.limits
+    budget = Budget(limits.max_buffered_bytes)
+    connections = Connections(limits.max_connections, limits.retry_after)
+    ctx.runner_kwargs["auto_decompress"] = False
+    ctx.middlewares.append((rank, admission_middleware(web, budget, limits.max_body_bytes, limits.retry_after)))
+
+    def site_runner(runner: Any, port: int | None) -> Any:
+        if port == ctx.http_port:
+            return runner
+        return sdk_seam.FactoryRunner(runner, connections.factory)
+
+    ctx.site_runners.append(site_runner)
+    warning = raise_fd_limit(limits.max_connections)
+    if warning:
+        log.warning("%s", warning)
+    return budget, connections
