@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey, make_signing_key
+from tests.worker import test_guards
+from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey
 from tests.worker.test_guards import json_error, request, secured, start_engine
 
 pytestmark = pytest.mark.slow
@@ -36,12 +37,7 @@ BUDGET_LIMITS = {"BAKERY_MAX_BODY_BYTES": "65536", "BAKERY_MAX_BUFFERED_BYTES": 
 CAP = 8
 CAPPED_LIMITS = {"BAKERY_MAX_CONNECTIONS": str(CAP), "BAKERY_HEADER_TIMEOUT": "3"}
 ROUTE = "/v1/completions"
-
-
-@pytest.fixture(scope="module")
-def key(worker_python: Path) -> SigningKey:
-    """The platform's key pair (the report server serves its public half)."""
-    return make_signing_key(worker_python)
+key = test_guards.key  # the fixture: the platform's key pair, the one test_guards' workers know
 
 
 @dataclass

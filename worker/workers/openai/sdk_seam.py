@@ -124,16 +124,18 @@ HOOKS: tuple[Hook, ...] = (
     Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "read", ("core",),
          "its from_json_msg computes inspect.signature 7 times per request: given a __signature__",
          required=False),
-    # aiohttp (3.14.5, locked with the SDK) under the SDK's server.
-    Hook("site_factory", "aiohttp.web_runner", "BaseRunner.server", "read", ("admission",),
+    # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
+    *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
+        ("site_factory", "web_runner", "BaseRunner.server", "read",
          "TCPSite.start hands its runner's `server` to loop.create_server as the protocol factory: the "
          "shim gives WORKER_PORT's site a runner (FactoryRunner) whose `server` is admission's factory, "
          "which answers a connection over the cap before aiohttp makes a protocol for it"),
-    Hook("server_connections", "aiohttp.web_server", "Server.connections", "read", ("admission",),
+        ("server_connections", "web_server", "Server.connections", "read",
          "the open connections of a listener (until each one's handler ends): the connection cap's count"),
-    Hook("request_read", "aiohttp.web_request", "BaseRequest.read", "replace", ("admission",),
+        ("request_read", "web_request", "BaseRequest.read", "replace",
          "a chunked body's read, replaced on the request by one that reserves each chunk against the "
          "byte bound before keeping it (aiohttp's text() and json(), which the SDK calls, read through it)"),
+    )),
 )
 BY_KEY: dict[str, Hook] = {hook.key: hook for hook in HOOKS}
 INSTANCE_OWNERS = ("Backend", "Metrics")
