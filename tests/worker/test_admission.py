@@ -367,6 +367,35 @@ def connects(port: int) -> bool:
     return status == 404
 
 
+def refused_at_once(sock: socket.socket) -> bool:
+    """Whether the worker answered this new connection with the cap's 503 before it sent anything."""
+    sock.settimeout(0.15)
+    try:
+        return sock.recv(64).startswith(b"HTTP/1.1 503 ")
+    except OSError:
+        return False  # nothing yet: admitted, waiting for a request
+
+
+def fill_cap(port: int, room: int, send: bytes = b"") -> list[socket.socket]:
+    """`room` new connections admitted (each sends `send`) and the next one refused: the cap is full
+    with them. Tried again (5 times at most) while connections of an earlier test still end."""
+    for _ in range(5):
+        socks: list[socket.socket] = []
+        for _ in range(room + 1):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if refused_at_once(sock):
+                sock.close()
+                break
+            sock.sendall(send)
+            socks.append(sock)
+        if len(socks) == room:
+            return socks
+        for sock in socks:
+            sock.close()
+        time.sleep(0.5)
+    raise AssertionError(f"{room} new connections did not fill the cap of {CAP} (got {len(socks)} before a refusal)")
+
+
 def test_connections_beyond_the_cap_get_503_and_cannot_starve_an_admitted_stream(capped: Worker) -> None:
     """At the cap (a stream and requests whose body is late), a new connection is answered 503 JSON with
     Retry-After and Connection: close before it sends anything, and a flood of them (bounded: 3 s,
@@ -376,11 +405,9 @@ def test_connections_beyond_the_cap_get_503_and_cannot_starve_an_admitted_stream
     idle: list[socket.socket] = []
     try:
         stream.next()
-        # The rest of the cap: requests whose body is late (they hold their connection past the 2 s
+        # The rest of the cap: requests whose body is late (they hold their connection past the 3 s
         # header timeout, up to the 60 s body timeout).
-        idle = [socket.create_connection(("127.0.0.1", capped.port), timeout=10) for _ in range(CAP - 1)]
-        for sock in idle:
-            sock.sendall(head(capped.port, 1000) + b"{")
+        idle = fill_cap(capped.port, CAP - 1, head(capped.port, 1000) + b"{")
         with socket.create_connection(("127.0.0.1", capped.port), timeout=10) as over:
             answer = cap_answer(over)
         headers, _, text = answer.partition(b"\r\n\r\n")
@@ -413,13 +440,23 @@ def test_connections_beyond_the_cap_get_503_and_cannot_starve_an_admitted_stream
     assert until(lambda: connects(capped.port), 5), "a connection is refused once the others closed"
 
 
-def refused_at_once(sock: socket.socket) -> bool:
-    """Whether the worker answered this new connection with the cap's 503 before it sent anything."""
-    sock.settimeout(0.25)
+def test_refused_connections_that_stay_open_are_dropped_soon(capped: Worker) -> None:
+    """150 connections over the cap that never close (and never send): each gets the 503 and is
+    closed by the worker within the 2 s linger, so refusals cannot pile up file descriptors."""
+    assert until(lambda: connects(capped.port), 10), "the cap is reached before the test"
+    fillers: list[socket.socket] = []
+    over: list[socket.socket] = []
     try:
-        return sock.recv(64).startswith(b"HTTP/1.1 503 ")
-    except OSError:
-        return False  # nothing yet: admitted, waiting for a request
+        fillers = fill_cap(capped.port, CAP, head(capped.port, 1000) + b"{")  # late bodies
+        over = [socket.create_connection(("127.0.0.1", capped.port), timeout=10) for _ in range(150)]
+        started = time.monotonic()
+        answers = [cap_answer(sock) for sock in over]  # each read until the worker closes it
+        elapsed = time.monotonic() - started
+    finally:
+        for sock in fillers + over:
+            sock.close()
+    assert all(answer.startswith(b"HTTP/1.1 503 ") for answer in answers), [a[:40] for a in answers][:5]
+    assert elapsed < 2.0 + 2.0, elapsed  # the linger, and the time to read 150 sockets
 
 
 def test_idle_connections_hold_the_cap_only_until_the_header_timeout(capped: Worker) -> None:
@@ -428,14 +465,8 @@ def test_idle_connections_hold_the_cap_only_until_the_header_timeout(capped: Wor
     assert until(lambda: connects(capped.port), 10), "the cap is reached before the test"
     socks: list[socket.socket] = []
     try:
-        for _ in range(CAP + 1):  # until one is refused (a connection of another test may still end)
-            sock = socket.create_connection(("127.0.0.1", capped.port), timeout=10)
-            if refused_at_once(sock):
-                sock.close()
-                break
-            socks.append(sock)
-        assert 0 < len(socks) <= CAP, len(socks)
-        for sock in socks[: len(socks) // 2]:  # a request each, then idle (kept alive)
+        socks = fill_cap(capped.port, CAP)  # nothing sent: waiting for their headers
+        for sock in socks[: CAP // 2]:  # a request each, then idle (kept alive)
             sock.settimeout(10)
             sock.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
             assert status_of(sock) == 404
