@@ -67,10 +67,11 @@ HOOKS: tuple[Hook, ...] = (
     Hook("check_signature", "Backend", "_Backend__check_signature", "wrap", ("own_url", "outcomes", "sessions"),
          "the SDK's per-request signature check: own_url adds the URL check, outcomes records each verdict "
          "(two declared layers), sessions calls it for /session/*"),
-    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("forward", "limits", "engine_close"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
+         ("forward", "limits", "engine_close", "references"),
          "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
          "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
-         "request ends (engine_close)"),
+         "request ends (engine_close), a signed request's references checked first (references)"),
     Hook("engine_session", "Backend", "session", "set", ("limits",),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use"),
