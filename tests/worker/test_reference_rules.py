@@ -86,7 +86,7 @@ def test_a_url_two_parsers_could_read_apart_is_refused(url: str, says: str) -> N
 def found(body: object) -> list[tuple[str, object]]:
     walk = references.walk(body)
     assert walk.step(None)
-    return [(references.show(ref.path), ref.value) for ref in walk.found]
+    return [(references.show(walk.path_of(ref)), ref.value) for ref in walk.found]
 
 
 def test_references_are_found_everywhere_an_engine_looks_and_named_in_payload_order() -> None:
@@ -123,7 +123,7 @@ def test_multipart_fields_name_the_edit_url_and_the_video_references() -> None:
     refs = references.multipart_references({
         "url": ["a", "b"], "prompt": "p", "image_reference": json.dumps([{"image_url": "c"}, {"file_id": "f"}]),
         "video_reference": {"video_url": "d"}})
-    assert [(references.show(r.path), r.value) for r in refs] == [
+    assert [(references.show(r.path or ()), r.value) for r in refs] == [
         ("payload.url[0]", "a"), ("payload.url[1]", "b"), ("payload.image_reference[0].image_url", "c"),
         ("payload.video_reference.video_url", "d")]
 
@@ -135,7 +135,8 @@ def test_a_large_body_is_walked_in_bounded_steps() -> None:
     walk = references.walk(body)
     assert walk.step(references.INLINE_WALK_NODES) is False
     assert walk.step(None) is True
-    assert [r.value for r in walk.found] == ["u"]
+    assert [(references.show(walk.path_of(r)), r.value) for r in walk.found] == [
+        ("payload.messages[0].content[0].image_url.url", "u")]
 
 
 # --------------------------------------------------------------------------- judging, with a resolver made here
@@ -153,11 +154,11 @@ def judge(urls: list[object], answers: dict[str, list[str]] | None = None, polic
             raise OSError("no such name")
         return (answers or {})[host]
 
-    refs = [references.Found(((), i), url, inline=inline) for i, url in enumerate(urls)]
+    refs = [references.Found(url, inline, path=((), i)) for i, url in enumerate(urls)]
     try:
         asyncio.run(references.check(refs, policy or Policy(), resolve))
     except Refused as exc:
-        return str(exc)
+        return f"{references.show(exc.ref.path or ())}: {exc.message}"
     return None
 
 
@@ -211,7 +212,7 @@ def test_inline_fields_take_base64_but_not_a_path_or_an_internal_url() -> None:
 
 
 def test_the_refusal_is_a_422_naming_the_field_both_ways() -> None:
-    answer = references.Refusal(Refused((((), "messages"), 0), "127.0.0.1 is a loopback address"))
+    answer = references.Refusal("payload.messages[0]", "127.0.0.1 is a loopback address")
     body = json.loads(asyncio.run(answer.read()))
     assert answer.status == 422 and answer.content_type == "application/json"
     assert body == {"error": "payload.messages[0]: 127.0.0.1 is a loopback address",
@@ -240,6 +241,10 @@ def test_refusal_resolves_on_the_pool_and_passes_a_clean_payload() -> None:
         dirty = Payload({"messages": [{"content": [{"image_url": {"url": "http://127.0.0.1/a"}}]}]})
         answer = asyncio.run(references.refusal(dirty, Policy(), pool, resolve))
         assert answer is not None and "loopback" in answer.text
+        # A body too large to walk on the loop is walked, and its refusal named, on the pool.
+        large = Payload({"prompt": list(range(references.INLINE_WALK_NODES * 2)), **dirty.body})
+        answer = asyncio.run(references.refusal(large, Policy(), pool, resolve))
+        assert answer is not None and answer.text.startswith("payload.messages[0].content[0].image_url.url: 127.0.0.1")
     finally:
         pool.shutdown()
 

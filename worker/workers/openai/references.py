@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import ipaddress
 import json
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,6 +88,11 @@ _RANGES: tuple[tuple[str, str], ...] = (
                                     "100::/64", "2001::/23", "2001:db8::/32")),
 )
 REFUSED_RANGES: tuple[tuple[Network, str], ...] = tuple((ipaddress.ip_network(n), why) for n, why in _RANGES)
+# The same as integer bounds by IP version: a request's addresses are judged without ipaddress's
+# per-network property calls.
+_BOUNDS: dict[int, tuple[tuple[int, int, str], ...]] = {
+    version: tuple((int(n.network_address), int(n.broadcast_address), why)
+                   for n, why in REFUSED_RANGES if n.version == version) for version in (4, 6)}
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 log = logging.getLogger("bakery.references")
@@ -178,6 +184,7 @@ def embedded(address: Address) -> list[ipaddress.IPv4Address]:
     return found
 
 
+@functools.lru_cache(maxsize=4096)  # the same CDN addresses again and again; bounded
 def address_refusal(address: Address, allowed: tuple[Network, ...] = ()) -> str | None:
     """Why the engine must not reach `address` ("a loopback address", ...), or None when it may:
     it is public, or it (or the IPv4 address it embeds) is in an `allowed` range."""
@@ -185,7 +192,8 @@ def address_refusal(address: Address, allowed: tuple[Network, ...] = ()) -> str 
     if any(form.version == net.version and form in net for form in forms for net in allowed):
         return None
     for form in forms:
-        why = next((why for network, why in REFUSED_RANGES if form.version == network.version and form in network),
+        number = int(form)
+        why = next((why for low, high, why in _BOUNDS[form.version] if low <= number <= high),
                    None if form.is_global and not form.is_multicast else "non-public")
         if why:
             article = "an" if why[0] in "aeiou" else "a"
@@ -239,61 +247,99 @@ def show(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Found:
-    """One reference in a payload: where, its value, and whether bare base64 is allowed there."""
+    """One reference in a payload: its value, whether bare base64 is allowed there, and where it is:
+    `holder[key]` (found by a Walk, which names it only when it is refused) or `path`."""
 
-    path: Path
     value: Any
     inline: bool = False
+    holder: Any = None
+    key: Any = None
+    path: Path | None = None
+
+
+_CONTAINERS = (dict, list)
+WATCHED = URL_KEYS | DATA_KEYS.keys() | TYPED_KEYS
 
 
 @dataclass
 class Walk:
-    """A walk over a JSON value, resumable: `step(budget)` visits at most `budget` values."""
+    """A walk over a JSON body, resumable: `step(budget)` looks at about `budget` values at most.
 
-    stack: list[tuple[Any, Path]]  # dicts and lists only
+    It allocates nothing per value (a stack of the body's own containers), so a large body costs
+    no garbage collection; the path of a reference is found again only when it is refused (path).
+    """
+
+    root: Any
+    stack: list[Any]  # dicts and lists of the body, the next to visit last
     found: list[Found] = field(default_factory=list)
 
     def step(self, budget: int | None) -> bool:
-        """Visit values until none are left (True) or `budget` of them were visited (False)."""
+        """Visit containers until none are left (True) or `budget` values were looked at (False)."""
         stack, found, seen = self.stack, self.found, 0
-        while stack:  # each value of the body is pushed once
-            value, path = stack[-1]
+        while stack:  # each container of the body is pushed once
+            value = stack[-1]
             seen += len(value)  # what visiting it costs: each of its items is looked at
             if budget is not None and seen > budget:
                 return False
             stack.pop()
-            # Children are pushed last first, so that they are visited (and named) in payload order.
-            if isinstance(value, list):
-                stack.extend([(item, (path, i)) for i, item in enumerate(value) if type(item) in (dict, list)][::-1])
+            # Children are pushed last first, so that they are visited (and found) in payload order.
+            if type(value) is list:
+                stack.extend([item for item in reversed(value) if type(item) in _CONTAINERS])
                 continue
-            typed = value.get("type")
-            children = []
-            for key, item in value.items():
-                here = (path, key)
-                if key in URL_KEYS or (key in TYPED_KEYS and key == typed):
-                    _url_value(item, here, found)
-                elif key in DATA_KEYS and isinstance(item, dict) and DATA_KEYS[key] in item:
-                    found.append(Found((here, DATA_KEYS[key]), item[DATA_KEYS[key]], inline=True))
-                if type(item) in (dict, list):
-                    children.append((item, here))
-            stack.extend(children[::-1])
+            if not WATCHED.isdisjoint(value):
+                typed = value.get("type")
+                for key, item in value.items():
+                    if key in URL_KEYS or (key in TYPED_KEYS and key == typed):
+                        _url_value(item, value, key, found)
+                    elif key in DATA_KEYS and type(item) is dict and DATA_KEYS[key] in item:
+                        found.append(Found(item[DATA_KEYS[key]], True, item, DATA_KEYS[key]))
+            stack.extend([item for item in reversed(value.values()) if type(item) in _CONTAINERS])
         return True
 
+    def path_of(self, ref: Found) -> Path:
+        """The path of `ref` from the root: a depth-first search for ref's holder that keeps only the
+        keys down to where it is (no path per value: a large body costs no garbage collection)."""
+        if ref.path is not None:
+            return ref.path
+        keys: list[Any] = []  # the keys down to the container iters[-1] walks
+        iters = [_items(self.root)]
+        while iters:  # each container once; as deep as the body nests
+            step = next(iters[-1], None)
+            if step is None:
+                iters.pop()
+                if keys:
+                    keys.pop()
+                continue
+            key, item = step
+            if item is ref.holder:
+                path: Path = ()
+                for at in (*keys, key, ref.key):
+                    path = (path, at)
+                return path
+            if type(item) in _CONTAINERS:
+                keys.append(key)
+                iters.append(_items(item))
+        return ((), ref.key)  # the root itself holds it
 
-def _url_value(item: Any, here: Path, found: list[Found]) -> None:
-    """A URL key's value: a string, an object with `url`, or a list of either."""
-    for index, one in enumerate(item) if isinstance(item, list) else [(None, item)]:
-        at = here if index is None else (here, index)
-        if isinstance(one, dict):
+
+def _items(value: Any) -> Iterator[tuple[Any, Any]]:
+    return enumerate(value) if type(value) is list else iter(value.items())
+
+
+def _url_value(item: Any, holder: Any, key: Any, found: list[Found]) -> None:
+    """A URL key's value (`holder[key]`): a string, an object with `url`, or a list of either."""
+    for at, index, one in ([(item, i, x) for i, x in enumerate(item)] if type(item) is list
+                           else [(holder, key, item)]):
+        if type(one) is dict:
             if "url" in one:
-                found.append(Found((at, "url"), one["url"]))
+                found.append(Found(one["url"], False, one, "url"))
         elif one is not None:
-            found.append(Found(at, one))
+            found.append(Found(one, False, at, index))
 
 
 def walk(body: Any) -> Walk:
     """A Walk over a JSON body (not started)."""
-    return Walk([(body, ())] if type(body) in (dict, list) else [])
+    return Walk(body, [body] if type(body) in _CONTAINERS else [])
 
 
 def multipart_references(fields: Mapping[str, Any]) -> list[Found]:
@@ -301,8 +347,10 @@ def multipart_references(fields: Mapping[str, Any]) -> list[Found]:
     reference objects (a list of them arrives as one JSON field, see uploads._video_references)."""
     found: list[Found] = []
     for key in ("url", "url[]"):
-        if key in fields:
-            _url_value(fields[key], ((), key), found)
+        value = fields.get(key)
+        for index, one in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if one is not None:
+                found.append(Found(one, path=((), key) if index is None else (((), key), index)))
     for key, inner in uploads.VIDEO_REFERENCE_FIELDS.items():
         value = fields.get(key)
         if isinstance(value, str):
@@ -313,7 +361,7 @@ def multipart_references(fields: Mapping[str, Any]) -> list[Found]:
         for index, ref in enumerate(value) if isinstance(value, list) else [(None, value)]:
             if isinstance(ref, dict) and ref.get(inner) is not None:
                 at = ((), key) if index is None else (((), key), index)
-                found.append(Found((at, inner), ref[inner]))
+                found.append(Found(ref[inner], path=(at, inner)))
     return found
 
 
@@ -321,11 +369,11 @@ def multipart_references(fields: Mapping[str, Any]) -> list[Found]:
 
 
 class Refused(Exception):
-    """A reference the engine must not fetch: `path` names it, `message` says why (the 422)."""
+    """A reference the engine must not fetch: `ref` is it, `message` says why (the 422)."""
 
-    def __init__(self, path: Path, message: str) -> None:
-        self.field = show(path)
-        super().__init__(f"{self.field}: {message}")
+    def __init__(self, ref: Found, message: str) -> None:
+        super().__init__(message)
+        self.ref = ref
         self.message = message
 
 
@@ -337,20 +385,11 @@ def host_of(ref: Found, limits: UploadLimits) -> str | None:
         # shorter it must be whole base64 (a length of 4n), which "/etc/passwd" is not.
         if len(value) > PATH_MAX or (_BASE64.fullmatch(value) and len("".join(value.split())) % 4 == 0):
             return None
-        raise Refused(ref.path, "must be base64, a data: URI or an http(s) URL")
+        raise Refused(ref, "must be base64, a data: URI or an http(s) URL")
     try:
-        return uploads.check_reference(value, show(ref.path), limits)
+        return uploads.check_reference(value, "", limits)  # the field is named by the caller
     except UploadError as exc:
-        raise Refused(ref.path, exc.message) from None
-
-
-def literal_refusal(host: str, policy: Policy) -> str | None:
-    """Why `host` is refused without resolving it; None when it is allowed or must be resolved."""
-    address = parse_address(host)
-    if address is not None:
-        why = address_refusal(address, policy.networks)
-        return None if why is None else f"{host} is {why} ({_hint()})"
-    return None if host in policy.hosts else name_refusal(host)
+        raise Refused(ref, exc.message) from None
 
 
 def _hint() -> str:
@@ -371,11 +410,16 @@ async def check(found: list[Found], policy: Policy, resolve: Resolve) -> None:
             continue
         urls += 1
         if urls > policy.max_references:
-            raise Refused(ref.path, f"more than {policy.max_references} URLs in one request (the limit is {MAX_VAR})")
-        why = literal_refusal(host, policy)
-        if why:
-            raise Refused(ref.path, why)
-        if parse_address(host) is None and host not in policy.hosts:
+            raise Refused(ref, f"more than {policy.max_references} URLs in one request (the limit is {MAX_VAR})")
+        address = parse_address(host)
+        if address is not None:
+            why = address_refusal(address, policy.networks)
+            if why:
+                raise Refused(ref, f"{host} is {why} ({_hint()})")
+        elif host not in policy.hosts:
+            why = name_refusal(host)
+            if why:
+                raise Refused(ref, why)
             names.setdefault(host, ref)
     if not names:
         return
@@ -386,15 +430,15 @@ async def check(found: list[Found], policy: Policy, resolve: Resolve) -> None:
     for host, task in tasks.items():  # payload order
         ref = names[host]
         if task in pending:
-            raise Refused(ref.path, f"{host} did not resolve within {policy.timeout:g} s (the limit is {TIMEOUT_VAR})")
+            raise Refused(ref, f"{host} did not resolve within {policy.timeout:g} s (the limit is {TIMEOUT_VAR})")
         error = task.exception()
         if error is not None:
-            raise Refused(ref.path, f"{host} does not resolve ({type(error).__name__})")
+            raise Refused(ref, f"{host} does not resolve ({type(error).__name__})")
         for text in task.result():
             address = parse_address(text)
             why = "not an address" if address is None else address_refusal(address, policy.networks)
             if why:
-                raise Refused(ref.path, f"{host} resolves to {text}, {why} ({_hint()})")
+                raise Refused(ref, f"{host} resolves to {text}, {why} ({_hint()})")
 
 
 # --------------------------------------------------------------------------- the engine call
@@ -407,32 +451,31 @@ class Refusal:
     status = 422
     content_type = "application/json"
 
-    def __init__(self, refused: Refused) -> None:
-        inner = refused.field.removeprefix("payload").lstrip(".")
-        self.text = str(refused)
-        self._body = json.dumps({"error": self.text, "payload": {inner: refused.message}}).encode()
+    def __init__(self, field: str, message: str) -> None:
+        inner = field.removeprefix("payload").lstrip(".")
+        self.text = f"{field}: {message}"
+        self._body = json.dumps({"error": self.text, "payload": {inner: message}}).encode()
         self.headers: dict[str, str] = {"Content-Type": self.content_type}
 
     async def read(self) -> bytes:
         return self._body
 
 
-def payload_references(payload: Any) -> Walk | list[Found]:
-    """What the engine would receive from the SDK payload `payload`, as references to find: a Walk
-    over a JSON body, or the references of multipart fields."""
-    fields = payload.generate_payload_multipart()
-    if fields is not None:
-        return multipart_references(fields)
-    return walk(payload.generate_payload_json())
-
-
 async def refusal(payload: Any, policy: Policy, pool: concurrent.futures.Executor,
                   resolve: Resolve) -> Refusal | None:
-    """The 422 for an SDK payload carrying a reference the engine must not fetch, else None."""
-    refs = payload_references(payload)
-    if isinstance(refs, Walk):
-        walker = refs
+    """The 422 for an SDK payload carrying a reference the engine must not fetch, else None.
+
+    A multipart payload's references are its form fields'; a JSON body is walked, on the event loop
+    up to INLINE_WALK_NODES values and on `pool` beyond (naming a refused one there too).
+    """
+    fields = payload.generate_payload_multipart()
+    walker = None if fields is not None else walk(payload.generate_payload_json())
+    large = False
+    if walker is None:
+        refs = multipart_references(fields)
+    else:
         if not walker.step(INLINE_WALK_NODES):  # a huge body: the rest off the event loop
+            large = True
             await asyncio.get_running_loop().run_in_executor(pool, walker.step, None)
         refs = walker.found
     if not refs:
@@ -440,7 +483,13 @@ async def refusal(payload: Any, policy: Policy, pool: concurrent.futures.Executo
     try:
         await check(refs, policy, resolve)
     except Refused as exc:
-        return Refusal(exc)
+        if walker is None or exc.ref.path is not None:
+            path = exc.ref.path
+        elif large:
+            path = await asyncio.get_running_loop().run_in_executor(pool, walker.path_of, exc.ref)
+        else:
+            path = walker.path_of(exc.ref)
+        return Refusal(show(path or ()), exc.message)
     return None
 
 
