@@ -169,10 +169,12 @@ def test_every_address_a_name_resolves_to_must_be_public() -> None:
     why = judge(["http://x.example/"], {"x.example": ["::ffff:169.254.169.254"]})
     assert why and "link-local" in why, why
     assert "does not resolve" in (judge(["http://gone.example/"]) or "")
+    why = judge(["http://localhost/"], {"localhost": ["127.0.0.1", "::1"]})
+    assert why and "localhost resolves to 127.0.0.1, a loopback address" in why, why
 
 
 def test_metadata_and_loopback_names_are_refused_without_resolving() -> None:
-    for name in ("metadata.google.internal", "metadata.goog", "localhost", "api.localhost", "instance-data"):
+    for name in ("metadata.google.internal", "metadata.goog", "api.localhost", "instance-data"):
         why = judge([f"http://{name}/"], {name: ["8.8.8.8"]})
         assert why and ("metadata" in why or "loopback" in why), why
 

@@ -71,7 +71,6 @@ METADATA_NAMES = frozenset({
     "metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
     "metadata.azure.com", "metadata.tencentyun.com", "metadata.platformequinix.com", "metadata.packet.net",
 })
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 # Ranges refused by name, whatever this Python's ipaddress thinks (its flags changed between 3.10
 # and 3.13: 192.0.0.8, fec0::1, ff02::1 and 224.0.0.1 are "global" on 3.11).
@@ -210,8 +209,10 @@ def parse_address(host: str) -> Address | None:
 
 
 def name_refusal(host: str) -> str | None:
-    """Why a host name is refused before any resolution (the instance's own or a metadata name)."""
-    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+    """Why a host name is refused before any resolution: a metadata name, or a name under
+    `localhost.` (RFC 6761 lets a resolver answer those itself, so the engine's may say loopback
+    where this one asked DNS). `localhost` itself is resolved like any name (/etc/hosts: loopback)."""
+    if host.endswith(".localhost"):
         return f"{host} is the instance's own name (loopback)"
     if host in METADATA_NAMES:
         return f"{host} is a cloud metadata service"
