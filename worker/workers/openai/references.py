@@ -8,7 +8,7 @@ An OpenAI-compatible engine fetches what a request names: `image_url`, `audio_ur
 reference to 127.0.0.1, a private network or the cloud's metadata service (169.254.169.254) would
 be a request forgery from inside. Here every such reference must be a `data:` URI or an http(s) URL
 (uploads.check_reference: its syntax, and nothing two URL parsers could read apart) whose host is
-public: not a metadata or loopback name, and every address it resolves to a public one (not
+public: not a metadata name nor one under `localhost.`, and every address it resolves to a public one (not
 loopback, link-local, private, shared, unspecified, multicast or reserved, nor an IPv6 form
 embedding such an IPv4). BAKERY_ALLOW_PRIVATE_REFERENCES lists the hosts and ranges a private
 deployment allows anyway.
@@ -66,7 +66,7 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# Names that are the instance itself or a cloud's metadata service, whatever DNS says of them.
+# A cloud's metadata service by name, whatever DNS says of it (Equinix's answers on a public address).
 METADATA_NAMES = frozenset({
     "metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
     "metadata.azure.com", "metadata.tencentyun.com", "metadata.platformequinix.com", "metadata.packet.net",
@@ -108,8 +108,8 @@ class Policy:
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[Network, ...] = ()
-    timeout: float = 3.0
-    max_references: int = 32
+    timeout: float = config.BY_NAME[TIMEOUT_VAR].default
+    max_references: int = config.BY_NAME[MAX_VAR].default
     limits: UploadLimits = field(default_factory=UploadLimits)
 
 
@@ -232,7 +232,7 @@ Path = tuple[Any, ...]  # (parent path, key or index): built only when a field i
 
 
 def show(path: Path) -> str:
-    """`payload.messages[0].content[1].image_url.url` for a path made by `find`."""
+    """`payload.messages[0].content[1].image_url.url` for a path (Walk.path_of, multipart_references)."""
     parts: list[str] = []
     node: Any = path
     while node:  # as deep as the body nests (front.MAX_JSON_DEPTH bounds it)
