@@ -22,7 +22,8 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
   itself loaded only once it has the key; then it is fetched again periodically and on a run of
   signature failures, rate-limited (key_rotation.py). Hooks: `_fetch_pubkey`,
   `_Backend__pubkey_fetch_complete`, `Metrics._model_loaded`, `_Backend__check_signature`.
-- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows.
+- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows,
+  or a caller's text raw: control characters escaped, values bounded (log_escape.py).
 - http_listener: the SDK's second listener (WORKER_HTTP_PORT) binds 127.0.0.1 only.
 - outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
   before the model is loaded or while draining) or does not report (its own 422), of an envelope
@@ -49,7 +50,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.openai import config, front, key_rotation, sdk_seam
+from workers.openai import config, front, key_rotation, log_escape, sdk_seam
 from workers.openai.sdk_seam import GuardError
 
 ACTIVE = (
@@ -362,11 +363,13 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
 
 
 def _install_log_hygiene(ctx: Context, web: Any) -> None:
-    redactor = QueryRedactor()
+    redactor, escaper = QueryRedactor(), log_escape.Escaper()
     for handler in logging.getLogger().handlers:
+        handler.addFilter(escaper)  # first: the redactors then see each value on one line
         handler.addFilter(redactor)
         handler.addFilter(front.TokenRedactor())
     for name in REDACTED_LOGGERS:  # also when a record does not reach the root's handlers
+        logging.getLogger(name).addFilter(escaper)
         logging.getLogger(name).addFilter(redactor)
 
 
