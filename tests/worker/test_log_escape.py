@@ -184,7 +184,8 @@ def test_no_caller_text_reaches_the_log_raw(harness: Harness, platform_key: Sign
     assert status == 401
     # 3. a path and query, percent-encoded and raw (bytes no client sends); a huge path
     for target in (b"/v1/%0AFORGED-LINE%0D%1B%5B2J%E2%80%A8%E2%80%AE", b"/v1/\xe2\x80\xa8\xe2\x80\xaeFORGED-BIDI",
-                   b"/v1/x\x1b[2J", b"/v1/completions?q=\n", b"/v1/" + b"P" * 7000 + b"%0A"):
+                   b"/v1/x\x1b[2J", b"/v1/completions?q=\n", b"/v1/" + b"P" * 7000 + b"%0A",
+                   b"/v1/" + b"P" * 100_000):
         _raw(port, b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
     for header in (b"User-Agent: a\xe2\x80\xa8\x1b[2Jb", b"Referer: \xc2\x85\x07", b"X-Big: " + b"B" * 100_000,
                    b"User-Agent: \xe2\x80\xa8\xe2\x80\xaeFORGED-BIDI\xc2\x85" + b"U" * 7000):
