@@ -103,6 +103,7 @@ def test_the_limits_have_defaults_and_variables() -> None:
     limits, errors = guards.load_limits({"BAKERY_PUBKEY_REFRESH": "30", "BAKERY_PUBKEY_REFETCH_MIN": "2.5"})
     assert errors == [] and (limits.pubkey_refresh, limits.pubkey_refetch_min) == (30.0, 2.5)
     assert (guards.Limits().pubkey_refresh, guards.Limits().pubkey_refetch_min) == (300.0, 10.0)
+    assert guards.describe((), guards.Limits()).endswith(" pubkey_refresh=300s pubkey_refetch>=10s")
     _, errors = guards.load_limits({"BAKERY_PUBKEY_REFRESH": "0", "BAKERY_PUBKEY_REFETCH_MIN": "soon"})
     assert [e.split("=")[0] for e in errors] == ["BAKERY_PUBKEY_REFRESH", "BAKERY_PUBKEY_REFETCH_MIN"], errors
 
