@@ -15,7 +15,8 @@ bakery's records all go, and on aiohttp's loggers themselves):
   backslash is left as it is: text that looks like an escape is text, it breaks no line. The SDK's
   two multi-line blocks (its status report and benchmark lines, `BLOCK`), whose values are JSON or
   numbers, keep their own newlines and nothing else;
-- each value is cut to VALUE_LIMIT characters (with a note of its length): the arguments of a
+- each value is cut to VALUE_LIMIT characters as sent (an escaped one shows as up to six; a note
+  gives its length): the arguments of a
   %-style record (bakery's lines), the request line and headers of an access line (its record's
   `extra`), and the caller-derived parts of the SDK's f-string lines (SDK_VALUES: their text is
   formatted before any filter sees it, so the parts are found by the SDK's own wording);
