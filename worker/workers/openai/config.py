@@ -113,6 +113,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_MAX_SESSIONS", "digits", 10, "exit", "guards", "open sessions at once"),
     Var("BAKERY_PUBKEY_BACKOFF_MAX", "number", 60.0, "exit", "guards", "longest wait between public-key fetches"),
     Var("BAKERY_PUBKEY_FETCH_TIMEOUT", "number", 10.0, "exit", "guards", "time for one public-key fetch"),
+    Var("BAKERY_PUBKEY_REFRESH", "number", 300.0, "exit", "guards",
+        "seconds between fetches of the public key once loaded (a rotated-away key is refused after at most this)"),
+    Var("BAKERY_PUBKEY_REFETCH_MIN", "number", 10.0, "exit", "guards",
+        "fewest seconds between key fetches a run of signature failures asks for"),
     # References the engine fetches (references.py; read strictly).
     Var("BAKERY_ALLOW_PRIVATE_REFERENCES", "hosts", None, "exit", "references",
         "host names, addresses and CIDR ranges a reference may reach though not public (comma-separated)"),
