@@ -14,7 +14,7 @@ import functools
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,15 +141,35 @@ class FinishedContainer:
         """The container's file system as a tar stream."""
         return self.handle.export()
 
+    def commit(self, changes: list[str], what: str) -> str:
+        """`docker commit` the container (its changes become one layer on its image) with Dockerfile
+        `changes` applied, untagged; returns the image id (a BuildError naming `what` if none)."""
+        try:
+            image = self.handle.commit(changes=changes)
+        except docker.errors.APIError as exc:
+            raise BuildError(f"docker commit of {what} failed: {exc.explanation or exc}") from None
+        return str(image.id)
+
 
 @contextlib.contextmanager
-def finished_container(image: str, command: list[str], *, labels: dict[str, str],
-                       timeout: int = TIMEOUT) -> Iterator[FinishedContainer]:
+def finished_container(image: str, command: list[str], *, labels: dict[str, str], timeout: int = TIMEOUT,
+                       read_only_binds: dict[str, str] | None = None,
+                       on_line: Callable[[str], None] | None = None) -> Iterator[FinishedContainer]:
     """Run `command` in a new container of `image` without network, wait for it, and yield the result;
-    the container is removed when the block ends, whatever happened in it."""
-    container = client(timeout).containers.create(image, command, network_disabled=True, labels=labels)
+    the container is removed when the block ends, whatever happened in it. `read_only_binds` maps host
+    directories to where the container sees them (read-only); `on_line` gets each output line as it comes."""
+    volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in (read_only_binds or {}).items()}
+    container = client(timeout).containers.create(image, command, network_disabled=True, labels=labels,
+                                                  volumes=volumes or None)
     try:
         container.start()
+        if on_line is not None:
+            pending = b""
+            for chunk in container.logs(stream=True, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode(errors="replace"))
         yield FinishedContainer(status=int(container.wait().get("StatusCode", -1)), handle=container)
     finally:
         container.remove(force=True)

@@ -44,9 +44,18 @@ class EngineFacts:
     health_endpoint: str
     local_base: str | None  # bakery.bases catalogue name
     local_model: str | None  # the model that local base serves
-    fail_load_env: dict[str, str] = field(default_factory=dict)  # launch overrides that make loading fail
+    # Launch overrides that make loading fail, one per way (base.local_fail_load); the first is fail_load_env.
+    fail_load_envs: tuple[dict[str, str], ...] = ()
+    local_env: dict[str, str] = field(default_factory=dict)  # every local launch's extra variables (base.local_env)
+    shm_size: str | None = None  # the local base's /dev/shm (base.local_shm_size)
+    max_launches: int | None = None  # gate containers of the local base at once (base.local_launches)
     local_route: LocalRoute | None = None  # a non-default route the local base serves (base.local_route)
     long_answer: LocalLongAnswer | None = None  # a streamed answer in flight for seconds (base.local_long_answer)
+
+    @property
+    def fail_load_env(self) -> dict[str, str]:
+        """The first way loading fails (empty when the spec names none)."""
+        return self.fail_load_envs[0] if self.fail_load_envs else {}
 
     def launch_env(self, model: str | None) -> dict[str, str]:
         """The engine part of a launch: the model variable set to `model` (the model the base serves),
@@ -64,12 +73,12 @@ class EngineFacts:
 def facts(spec: EngineSpec) -> EngineFacts:
     """The facts of one loaded spec."""
     env = spec.bake.env
-    fail = spec.base.local_fail_load
-    fail_env: dict[str, str] = {}
-    if fail is not None:
-        fail_env.update(fail.env)
+    fail_envs = []
+    for fail in spec.base.fail_loads:
+        fail_env = dict(fail.env)
         if fail.model is not None:
             fail_env[spec.engine.model_var] = fail.model
+        fail_envs.append(fail_env)
     return EngineFacts(
         name=spec.name,
         program=spec.name,
@@ -85,7 +94,10 @@ def facts(spec: EngineSpec) -> EngineFacts:
         health_endpoint=str(env["MODEL_HEALTH_ENDPOINT"]),
         local_base=spec.base.local,
         local_model=spec.base.local_model,
-        fail_load_env=fail_env,
+        fail_load_envs=tuple(fail_envs),
+        local_env=dict(spec.base.local_env),
+        shm_size=spec.base.local_shm_size,
+        max_launches=spec.base.local_launches,
         local_route=spec.base.local_route,
         long_answer=spec.base.local_long_answer,
     )

@@ -133,8 +133,19 @@ class BaseImage(_Strict):
     local_model: StrictStr | None = Field(
         default=None, description="the model the local base serves: what the gate sets as engine.model_var"
     )
-    local_fail_load: LocalFailure | None = Field(
-        default=None, description="how the gate makes the engine fail to load on the local base"
+    local_fail_load: list[LocalFailure] | None = Field(
+        default=None, description="how the gate makes the engine fail to load on the local base (one way, or a list)"
+    )
+    local_env: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict,
+        description="launch variables every gate launch on the local base sets (serving flags that base needs)",
+    )
+    local_shm_size: StrictStr | None = Field(
+        default=None, description="the /dev/shm the gate gives the local base's containers (docker run --shm-size)"
+    )
+    local_launches: int | None = Field(
+        default=None, gt=0,
+        description="at most this many gate containers of the local base at once (a heavy engine); none: no bound",
     )
     local_route: LocalRoute | None = Field(
         default=None, description="a non-default route the gate proves on the local base (none: that check skips)"
@@ -157,6 +168,33 @@ class BaseImage(_Strict):
         if value is not None and not re.fullmatch(r"[a-z][a-z0-9-]*", value):
             raise ValueError("must name a local base of bakery.bases (lower-case letters, digits, '-')")
         return value
+
+    @field_validator("local_env")
+    @classmethod
+    def _local_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return env_names(value)
+
+    @field_validator("local_fail_load", mode="before")
+    @classmethod
+    def _failures(cls, value: Any) -> Any:
+        # One way is written as a mapping, several as a list of them (item N's errors name it as .N-1).
+        if isinstance(value, dict):
+            return [value]
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list: name at least one way loading fails, or leave the key out")
+        return value
+
+    @field_validator("local_shm_size")
+    @classmethod
+    def _shm_size(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[1-9][0-9]*[kmg]?", value):
+            raise ValueError(f"{value!r}: a size as docker run --shm-size takes it (e.g. 512m, 1g)")
+        return value
+
+    @property
+    def fail_loads(self) -> tuple[LocalFailure, ...]:
+        """Every way local_fail_load names, in order (none when unset)."""
+        return tuple(self.local_fail_load or ())
 
     @field_validator("platforms")
     @classmethod

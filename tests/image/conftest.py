@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,16 @@ from bakery.build.verify import GATE_BASE_VAR
 from bakery.recipe.render import baked_env
 from bakery.spec import engine_facts
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
-from tests.image.launch import Launched, gate_model, launch, offline_env, remove_leftovers, serverless_env
+from tests.image.launch import (
+    Launched,
+    gate_model,
+    launch,
+    launch_options,
+    offline_env,
+    on_local_base,
+    remove_leftovers,
+    serverless_env,
+)
 
 # How long a worker may take from container start to ready. The stand-ins and SmolLM2 are ready in
 # seconds; the bound only matters when something is broken (then every check reports, none hangs),
@@ -147,6 +157,30 @@ def image_attrs(image: ImageUnderTest, docker_client: docker.DockerClient) -> di
     return docker_client.images.get(image.image_id).attrs
 
 
+# The gate containers of this process that still run, oldest first, and those of them that may be
+# removed early to make room (side launches: started again if a later check asks for one). A heavy
+# local base (base.local_launches: the real vLLM, ~4 GB and two busy cores each) bounds how many run at
+# once; the others start as many as their checks want.
+_LIVE: list[Launched] = []
+_SPARE: dict[int, Callable[[], None]] = {}
+
+
+def _make_room(limit: int) -> None:
+    """Remove spare side launches, oldest first, until fewer than `limit` gate containers run (as far
+    as spares allow: the shared serverless launch and a check's own container always stay)."""
+    while len(_LIVE) >= limit:
+        spare = next((item for item in _LIVE if id(item) in _SPARE), None)
+        if spare is None:
+            return
+        _SPARE.pop(id(spare))()
+
+
+def _forget(launched: Launched) -> None:
+    _SPARE.pop(id(launched), None)
+    with contextlib.suppress(ValueError):
+        _LIVE.remove(launched)
+
+
 class Containers:
     """Every container the gate starts, removed at the end of the session."""
 
@@ -156,16 +190,28 @@ class Containers:
 
     def launch(self, image: ImageUnderTest, env: dict[str, str], label: str, *, controlplane: bool = True,
                withhold_fetches: int | None = None, hold: bool = False) -> Launched:
-        """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False)."""
+        """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False), with
+        the docker run options its base needs, within its base's bound on containers at once."""
+        limit = engine_facts.facts(image.spec).max_launches
+        if limit and on_local_base():
+            _make_room(limit)
         launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
-                          withhold_fetches=withhold_fetches, hold=hold)
+                          withhold_fetches=withhold_fetches, hold=hold, run_options=launch_options(image.spec))
         self.started.append(launched)
+        _LIVE.append(launched)
         return launched
 
+    def remove(self, launched: Launched) -> None:
+        """Remove one container this registry started."""
+        _forget(launched)
+        with contextlib.suppress(ValueError):
+            self.started.remove(launched)
+        with contextlib.suppress(docker.errors.DockerException):
+            launched.container.remove(force=True)
+
     def remove_all(self) -> None:
-        for launched in self.started:
-            with contextlib.suppress(docker.errors.DockerException):
-                launched.container.remove(force=True)
+        for launched in list(self.started):
+            self.remove(launched)
 
 
 @pytest.fixture
@@ -219,16 +265,25 @@ def probe_before_ready(launched: Launched) -> dict[str, Any]:
     return result
 
 
+LOADFAIL = "loadfail"
+
+
+def loadfail_names(spec: EngineSpec) -> list[str]:
+    """The side launches of the load-failure check: one per way base.local_fail_load names."""
+    return [f"{LOADFAIL}-{index}" for index in range(1, len(engine_facts.facts(spec).fail_load_envs) + 1)]
+
+
 def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, Any]]:
     """The environment and launch options of one side launch."""
-    if name == "loadfail":
+    if name.startswith(f"{LOADFAIL}-"):
         # A model that cannot load (the spec's base.local_fail_load: the stand-ins' switch, a missing
-        # model file for a real engine). The errored status is sent as soon as the SDK marks the
+        # or corrupt model for a real engine). The errored status is sent as soon as the SDK marks the
         # worker errored (report_soon), but the control-plane stand-in starts by `docker exec` after
         # the container does: on a busy machine a real engine failed and 5 s of grace ran out before
         # the stand-in listened (a fresh run beside a CPU-bound process), so no report could land.
         # 20 s outlasts that start; the platform's control plane, unlike ours, is up before the boot.
-        return serverless_env(spec, **engine_facts.facts(spec).fail_load_env, BAKERY_EXIT_GRACE="20"), {}
+        fail_env = engine_facts.facts(spec).fail_load_envs[int(name.removeprefix(f"{LOADFAIL}-")) - 1]
+        return serverless_env(spec, **fail_env, BAKERY_EXIT_GRACE="20"), {}
     if name == "latekey":
         # The SDK fetches the key 5 times (~15 s), then never again: the stand-in withholds it from
         # exactly those, so only a worker that keeps asking ever gets it.
@@ -251,21 +306,33 @@ def side_launch(spec: EngineSpec, name: str) -> tuple[dict[str, str], dict[str, 
 
 
 class SideLaunches:
-    """The side launches of one engine, all started at the first request for any of them."""
+    """The side launches of one engine, all started at the first request for any of them; on a base
+    that bounds its containers at once (base.local_launches), each only when a check asks for it."""
 
     def __init__(self, registry: Containers, image: ImageUnderTest, wanted: set[str]) -> None:
         self.registry, self.image, self.wanted = registry, image, wanted
         self.started: dict[str, Launched] = {}
         self.early_probe: dict[str, Any] = {}  # the latekey launch's request before ready
+        self.bounded = bool(engine_facts.facts(image.spec).max_launches) and on_local_base()
 
     def start_all(self, also: str | None = None) -> None:
-        """Start every wanted side launch (and `also`) not started yet."""
-        for name in sorted(self.wanted | ({also} if also else set())):
-            if name not in self.started:
+        """Start every wanted side launch (and `also`) not started yet (only `also` on a bounded base)."""
+        names = {also} if self.bounded else self.wanted
+        for name in sorted(names | ({also} if also else set())):
+            if name and name not in self.started:
                 env, options = side_launch(self.image.spec, name)
-                self.started[name] = self.registry.launch(self.image, env, name, **options)
+                launched = self.registry.launch(self.image, env, name, **options)
+                self.started[name] = launched
+                _SPARE[id(launched)] = lambda name=name: self.drop(name)
         if "latekey" in self.started and not self.early_probe:
             self.early_probe = probe_before_ready(self.started["latekey"])
+
+    def drop(self, name: str) -> None:
+        """Remove the side launch `name` (to make room); a later get(name) starts it again."""
+        launched = self.started.pop(name)
+        self.registry.remove(launched)
+        if name == "latekey":
+            self.early_probe = {}
 
     def get(self, name: str) -> Launched:
         """The side launch `name` (started now with every other wanted one, if not yet)."""
@@ -282,8 +349,9 @@ def side(image: ImageUnderTest, docker_client: docker.DockerClient, request: pyt
     engine = engine_facts.facts(image.spec)
     if engine.local_route is None:
         wanted.discard("route")  # nothing to launch: its check skips
-    if not engine.fail_load_env:
-        wanted.discard("loadfail")  # a team's own base may say nothing of how to fail it: its check skips
+    if LOADFAIL in wanted:  # one launch per way of failing; none on a team's own base that names none
+        wanted.discard(LOADFAIL)
+        wanted.update(loadfail_names(image.spec))
     if engine.long_answer is None:
         wanted.discard("drain")
     registry = Containers(docker_client)

@@ -70,6 +70,18 @@ RUN_ID_VAR = "BAKERY_TEST_RUN"
 RUN_ID = os.environ.get(RUN_ID_VAR) or uuid.uuid4().hex[:12]
 
 
+def on_local_base() -> bool:
+    """Whether the image under test is built on its spec's local base (suite mode, or build.py --local),
+    so the spec's base.local_* launch facts (variables, /dev/shm) apply."""
+    return os.environ.get(GATE_BASE_VAR, "local") == "local"
+
+
+def launch_options(spec: EngineSpec) -> dict[str, Any]:
+    """docker run options every launch of this image needs: the local base's /dev/shm (base.local_shm_size)."""
+    shm = facts(spec).shm_size if on_local_base() else None
+    return {"shm_size": shm} if shm else {}
+
+
 def gate_model(spec: EngineSpec) -> str | None:
     """The model the base under test serves: on a team's own base (build.py --base-image) the one
     --base-model names, if any; on the bases bakery knows, images/<engine>.yaml base.local_model."""
@@ -86,8 +98,9 @@ UNNAMED_MODEL = "bakery-gate/model-not-named"
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
-    env = {"SERVERLESS": "true", **facts(spec).launch_env(gate_model(spec) or UNNAMED_MODEL), **PLATFORM_ENV,
-           **BENCHMARK_ENV, **GRACE_ENV}
+    engine = facts(spec)
+    env = {"SERVERLESS": "true", **engine.launch_env(gate_model(spec) or UNNAMED_MODEL), **PLATFORM_ENV,
+           **BENCHMARK_ENV, **GRACE_ENV, **(engine.local_env if on_local_base() else {})}
     env.update(overrides)
     return env
 
@@ -272,13 +285,14 @@ class Launched:
 
 
 def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], label: str, *,
-           controlplane: bool = True, withhold_fetches: int | None = None, hold: bool = False) -> Launched:
-    """Start `image_id` detached with `env`, with the control-plane stand-in inside it (unless
-    `controlplane` is False; `withhold_fetches` N: /pubkey/ answers 503 to the first N fetches);
-    the caller removes the container (see conftest's registry)."""
+           controlplane: bool = True, withhold_fetches: int | None = None, hold: bool = False,
+           run_options: dict[str, Any] | None = None) -> Launched:
+    """Start `image_id` detached with `env` (and docker run `run_options`, e.g. shm_size), with the
+    control-plane stand-in inside it (unless `controlplane` is False; `withhold_fetches` N: /pubkey/
+    answers 503 to the first N fetches); the caller removes the container (see conftest's registry)."""
     container = client.containers.create(
         image_id, detach=True, environment=env, name=f"bakery-gate-{label}-{uuid.uuid4().hex[:8]}",
-        labels={TEST_LABEL: "1", RUN_LABEL: RUN_ID},
+        labels={TEST_LABEL: "1", RUN_LABEL: RUN_ID}, **(run_options or {}),
     )
     try:
         if controlplane:

@@ -6,8 +6,8 @@ the locally made bases (a docker-container builder would need the moby/buildkit 
 be pulled here). Each loaded image must carry exactly the candidate tag and labels its plan gives
 (bakery.release.bakefile.read_target), bake's metadata must name that image, and
 `bakery.release verify` (the release job's step after bake) must pass the real gate on it and
-record it. A missing buildx fails under CI=true. The vLLM and SGLang stand-ins are the default
-(the fastest to gate); BAKERY_BAKE_TEST_ENGINES="llama sglang vllm" builds llama.cpp too.
+record it. A missing buildx fails under CI=true. The SGLang stand-in is the default
+(the fastest to gate); BAKERY_BAKE_TEST_ENGINES="sglang llama" builds llama.cpp too.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tests.host_tools import require_buildx
 from tests.image.real_registry import remove_tags
 
 REPOSITORY = "bakery-test-bake"  # tags of this test only, removed afterwards
-ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "vllm sglang").split()
+ENGINES = os.environ.get("BAKERY_BAKE_TEST_ENGINES", "sglang").split()
 ARCH = host_platform().split("/")[1]
 
 

@@ -30,7 +30,7 @@ import tests.image.real_registry as real
 from bakery.cli import main as build_py
 from tests.host_tools import require_tool
 
-ENGINE = "vllm"
+ENGINE = "sglang"
 PASSWORD = "bakery-test-only"  # noqa: S105 (protects throwaway keys in a temporary folder)
 
 

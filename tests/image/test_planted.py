@@ -1,7 +1,7 @@
 """The gate can fail: defects planted in a rendered Dockerfile, and worker guards taken out of an
 image, are each caught, by a named check.
 
-Built on the vLLM stand-in base (the fastest engine to boot). A defect in the rendered Dockerfile is
+Built on the SGLang stand-in base (the fastest engine to boot). A defect in the rendered Dockerfile is
 built from a whole build context (the layers before it come from the cache); a guard taken out and a
 step added at the end change only the pristine image's last layer, so they are built as one step FROM
 the pristine image (the same image a context rebuild would give, without sending the context again).
@@ -28,7 +28,7 @@ from tests.image.launch import RUN_ID_VAR, leftover_containers
 
 pytestmark = pytest.mark.planted
 
-ENGINE = "vllm"
+ENGINE = "sglang"
 # One context directory per checkout (BAKERY_SUITE_TAG), so two checkouts' planted runs never share one.
 PLANTED_CONTEXT = f"planted-{ENGINE}-{SUITE_TAG}"
 
@@ -50,7 +50,7 @@ def _drop_env(name: str):
 # defect name -> (how to plant it, the checks that must catch it)
 DEFECTS = {
     "no BACKEND": (_drop_env("BACKEND"), {"test_baked_env_is_exact", "test_backend_resolves_to_worker"}),
-    "wrong MODEL_LOG": (lambda d: d.replace("/var/log/portal/vllm.log", "/var/log/portal/wrong.log"),
+    "wrong MODEL_LOG": (lambda d: d.replace(f"/var/log/portal/{ENGINE}.log", "/var/log/portal/wrong.log"),
                         {"test_baked_env_is_exact"}),
     "no EXPOSE": (lambda d: d.replace("\nEXPOSE 3000\n", "\n"), {"test_worker_port_exposed"}),
     "missing worker": (lambda d: d.replace("COPY worker/ /opt/bakery/worker/\n", ""),

@@ -103,9 +103,9 @@ def skopeo_inspect(ref: str) -> dict[str, Any] | None:
 
 @pytest.fixture(scope="module")
 def pushed(registry: RunningRegistry, docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
-    """The suite's vLLM stand-in image pushed with docker, then its provenance index laid out beside it."""
-    image_id = build_local_image(load_engine("vllm"))
-    name = "acme/vllm"
+    """The suite's SGLang stand-in image pushed with docker, then its provenance index laid out beside it."""
+    image_id = build_local_image(load_engine("sglang"))
+    name = "acme/sglang"
     manifest = push_as(docker_client, image_id, f"{registry.host}/{name}:pushed")
     index = provenance_push(registry.host, name, manifest, platform=host_platform())
     yield {"image_id": image_id, "repository": f"{registry.host}/{name}", "manifest": manifest, "index": index,

@@ -39,7 +39,7 @@ from tests.image.real_registry import (
     tiny_image,
 )
 
-ENGINE = "vllm"
+ENGINE = "sglang"
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegist
 
 
 def build_py(*args: str) -> tuple[int, dict, str]:
-    """Run build.py --engine vllm --local --quiet --json ARGS; returns (exit code, summary, stderr)."""
+    """Run build.py --engine ENGINE --local --quiet --json ARGS; returns (exit code, summary, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["--engine", ENGINE, "--local", "--quiet", "--json", *args])

@@ -43,7 +43,7 @@ from tests.image.real_registry import (
     skopeo_tags,
 )
 
-ENGINE = "vllm"
+ENGINE = "sglang"
 REV = "abc1234" + "0" * 33  # the bake file's BAKERY_REVISION: a clean commit, so a commit tag is made
 PLATFORM = host_platform()
 

@@ -1,7 +1,7 @@
 """`python -m bakery.release sbom`: the SBOM a release publishes is the one the gate checked.
 
 One real image (the vLLM stand-in on its local base, built as the suite builds it: tag
-bakery-test/vllm:$BAKERY_SUITE_TAG) has its /opt/bakery/sbom.cdx.json written out by the release's
+bakery-test/sglang:$BAKERY_SUITE_TAG) has its /opt/bakery/sbom.cdx.json written out by the release's
 own command. The same file is then read inside a container of that image, as the gate's
 test_sbom_lists_exactly_the_worker_venv reads it, with the gate's own check run on it: the bytes are
 the same, and it lists exactly the worker venv's distributions. Planted images (made with `docker
@@ -28,6 +28,8 @@ from tests.image.conftest import build_local_image
 from tests.image.launch import WORKER_PYTHON
 from tests.image.real_registry import planted_images
 
+ENGINE = "sglang"  # a stand-in: the quickest image to build
+
 # Run with the venv's Python (-I, as the gate does): the SBOM file's bytes (base64) and the venv's
 # distributions, in one JSON line.
 GATE_VIEW = f"""
@@ -40,14 +42,14 @@ print(json.dumps({{"sbom": sbom, "installed": json.loads(installed)}}))
 
 
 @pytest.fixture(scope="module")
-def vllm_image(docker_client: docker.DockerClient) -> str:
-    return build_local_image(load_engine("vllm"))
+def engine_image(docker_client: docker.DockerClient) -> str:
+    return build_local_image(load_engine(ENGINE))
 
 
 @pytest.fixture(scope="module")
-def gate_view(vllm_image: str, docker_client: docker.DockerClient) -> dict:
+def gate_view(engine_image: str, docker_client: docker.DockerClient) -> dict:
     """What the gate's SBOM check reads in a container of the image: the file and the installed set."""
-    out = docker_client.containers.run(vllm_image, entrypoint=[WORKER_PYTHON], command=["-I", "-c", GATE_VIEW],
+    out = docker_client.containers.run(engine_image, entrypoint=[WORKER_PYTHON], command=["-I", "-c", GATE_VIEW],
                                        network_disabled=True, remove=True, stdout=True, stderr=False)
     view = json.loads(out.decode().strip().splitlines()[-1])
     return {"sbom": base64.b64decode(view["sbom"]), "installed": view["installed"]}
@@ -60,10 +62,10 @@ def sbom_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, list[str]]
     return code, [line for line in err.splitlines() if line.startswith("bakery.release:")]
 
 
-def test_the_published_sbom_is_the_file_the_gate_checked(vllm_image: str, gate_view: dict, tmp_path: Path,
+def test_the_published_sbom_is_the_file_the_gate_checked(engine_image: str, gate_view: dict, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture) -> None:
-    out = tmp_path / "vllm-amd64.cdx.json"
-    code, errors = sbom_cli(capsys, "--image", vllm_image, "--out", str(out))
+    out = tmp_path / f"{ENGINE}-amd64.cdx.json"
+    code, errors = sbom_cli(capsys, "--image", engine_image, "--out", str(out))
     assert (code, errors) == (0, [])
     assert out.read_bytes() == gate_view["sbom"], "the same bytes as the file in the image"
     exported = json.loads(out.read_bytes())
@@ -72,12 +74,12 @@ def test_the_published_sbom_is_the_file_the_gate_checked(vllm_image: str, gate_v
     assert {"vastai", "aiohttp"} <= names, sorted(names)
 
 
-def test_a_record_names_the_image_whose_sbom_is_written(vllm_image: str, gate_view: dict, tmp_path: Path,
+def test_a_record_names_the_image_whose_sbom_is_written(engine_image: str, gate_view: dict, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
-    record = VerifiedRecord(engine="vllm", target="vllm-amd64", platform="linux/amd64", variant="local",
-                            repository="bakery/vllm", revision="unknown", image_id=vllm_image, checks_run=1)
+    record = VerifiedRecord(engine=ENGINE, target=f"{ENGINE}-amd64", platform="linux/amd64", variant="local",
+                            repository=f"bakery/{ENGINE}", revision="unknown", image_id=engine_image, checks_run=1)
     path = record.write(tmp_path / "records")
-    out = tmp_path / "sbom" / "vllm-amd64.cdx.json"
+    out = tmp_path / "sbom" / f"{ENGINE}-amd64.cdx.json"
     code, errors = sbom_cli(capsys, "--record", str(path), "--out", str(out))
     assert (code, errors) == (0, [])
     assert out.read_bytes() == gate_view["sbom"]

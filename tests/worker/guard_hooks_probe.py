@@ -135,8 +135,8 @@ async def engine_connect_timeout() -> dict[str, Any]:
 
 
 def layered_signature_check() -> dict[str, Any]:
-    """own_url and outcomes both wrap the signature check (outcomes outside): installed together, a
-    signature for another worker's URL is still refused, and outcomes still sees each verdict."""
+    """own_url, pubkey_retry and outcomes all wrap the signature check (outcomes outside): installed
+    together, a signature for another worker's URL is still refused, and outcomes still sees each verdict."""
     from Crypto.PublicKey import RSA
     from vastai.serverless.server.lib import data_types
     from workers.openai import guards
@@ -144,7 +144,7 @@ def layered_signature_check() -> dict[str, Any]:
     worker = make_worker()
     backend = worker.backend
     ctx = guards.install(worker, guards.Limits(), routes=("/v1/completions",), http_port=3001,
-                         report_addr=os.environ["REPORT_ADDR"], active=("own_url", "outcomes"))
+                         report_addr=os.environ["REPORT_ADDR"], active=("own_url", "pubkey_retry", "outcomes"))
     key = RSA.generate(2048)
     backend._pubkey = key
     own, other = backend.metrics.url, "http://198.51.100.1:1"

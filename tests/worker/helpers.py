@@ -131,8 +131,9 @@ class ReportServer:
     """Stands in for the autoscaler at REPORT_ADDR: serves /pubkey/, records every POST.
 
     While `key_available` is False, /pubkey/ answers 503 (a control plane that is not up yet);
-    `pubkey_gets` counts the fetches. `status_delay` holds the answer to each /worker_status/ POST
-    for that many seconds (recorded at once): a slow control plane.
+    `pubkey_gets` counts the fetches; setting `pubkey` (a PEM) rotates the key it serves.
+    `status_delay` holds the answer to each /worker_status/ POST for that many seconds (recorded at
+    once): a slow control plane.
     """
 
     def __init__(self, pubkey: str, key_available: bool = True):
@@ -140,6 +141,7 @@ class ReportServer:
         self.key_available = key_available
         self.status_delay = 0.0
         self.pubkey_gets = 0
+        self.pubkey = pubkey
         self._lock = threading.Lock()
         outer = self
 
@@ -153,7 +155,7 @@ class ReportServer:
                     with outer._lock:
                         outer.pubkey_gets += 1
                 served = is_key and outer.key_available
-                body = pubkey.encode() if served else b"not available"
+                body = outer.pubkey.encode() if served else b"not available"
                 self.send_response(200 if served else (503 if is_key else 404))
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

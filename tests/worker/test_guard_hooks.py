@@ -118,9 +118,10 @@ def test_sessions_and_self_update_routes_are_the_ones_guarded(facts: dict[str, A
                                            "/session/get", "/session/health"]
 
 
-# Hooks that two guards wrap in layers, each calling the one below (test_layered_signature_check
-# proves both layers act when both are installed); every other hook belongs to one guard.
-LAYERED = {"backend._Backend__check_signature": {"own_url", "outcomes"}}
+# Hooks that guards wrap in layers, each calling the one below (test_layered_signature_check proves
+# the layers act when all are installed); every other hook belongs to one guard. pubkey_retry's layer
+# counts the verdicts (a run of failures re-fetches the key: test_key_rotation.py).
+LAYERED = {"backend._Backend__check_signature": {"own_url", "pubkey_retry", "outcomes"}}
 
 
 def test_each_guard_changes_its_own_things_only(facts: dict[str, Any]) -> None:
@@ -139,7 +140,8 @@ def test_each_guard_changes_its_own_things_only(facts: dict[str, Any]) -> None:
 
 
 def test_layered_signature_check(facts: dict[str, Any]) -> None:
-    """own_url under outcomes: another worker's URL is still refused, and outcomes sees both verdicts."""
+    """own_url under pubkey_retry under outcomes: another worker's URL is still refused, and outcomes
+    sees both verdicts."""
     layered = facts["layered_signature_check"]
     assert layered["own"] == {"valid": True, "forged": False}, layered
     assert layered["other"] == {"valid": False, "forged": True}, layered

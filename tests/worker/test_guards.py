@@ -588,7 +588,10 @@ def test_sessions_when_turned_on(harness: Harness, key: SigningKey) -> None:
 
 
 @pytest.mark.parametrize(("name", "raw"), [("UNSECURED", "ture"), ("UNSECURED", "on"),
-                                           ("BAKERY_MAX_BODY_BYTES", "16MiB"), ("BAKERY_SESSIONS", "maybe")])
+                                           ("BAKERY_MAX_BODY_BYTES", "16MiB"), ("BAKERY_SESSIONS", "maybe"),
+                                           ("BAKERY_ALLOW_PRIVATE_REFERENCES", "10.0.0.0/8,http://minio:9000"),
+                                           ("BAKERY_REFERENCE_RESOLVE_TIMEOUT", "soon"),
+                                           ("BAKERY_MAX_REFERENCES", "0")])
 def test_a_bad_variable_stops_the_worker_with_exit_2(name: str, raw: str, harness: Harness) -> None:
     worker = harness.worker("llama", reports="http://127.0.0.1:9", MODEL_LOG=str(harness.tmp / "x.log"),
                             **{name: raw}).worker

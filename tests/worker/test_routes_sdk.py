@@ -110,7 +110,7 @@ def test_an_upload_route_benchmarks_with_real_speech_and_every_route_answers(
     assert len(json.loads(ok("/v1/embeddings", {"input": ["a", "b"]})[0])["data"]) == 2
     assert len(json.loads(ok("/v1/rerank", {"query": "q", "documents": ["a", "b"]})[0])["results"]) == 2
     assert len(json.loads(ok("/v1/score", {"text_1": "q", "text_2": ["a", "b"]})[0])["data"]) == 2
-    body, ctype = ok("/v1/audio/speech", {"input": "hello", "ref_audio": "https://example.com/v.wav"})
+    body, ctype = ok("/v1/audio/speech", {"input": "hello", "ref_audio": "https://8.8.8.8/v.wav"})
     assert ctype == "audio/wav" and body[:4] == b"RIFF"
     body, _ = ok("/v1/audio/speech/batch", {"items": [{"input": "a"}, {"input": "b"}]})
     assert json.loads(body)["succeeded"] == 2
@@ -131,7 +131,7 @@ def test_an_upload_route_benchmarks_with_real_speech_and_every_route_answers(
                             "mask_filename": "m.webp", "prompt": "hat", "size": "32x32"})
     body, ctype = ok("/v1/videos/sync", {"prompt": "cat", "num_frames": 9, "input_reference": b64(PNG),
                                          "input_reference_filename": "first.png",
-                                         "image_reference": [{"image_url": "https://example.com/a.png"}]})
+                                         "image_reference": [{"image_url": "https://8.8.8.8/a.png"}]})
     assert ctype == "video/mp4" and body[4:8] == b"ftyp"
 
     sent = records(record)[before:]
@@ -148,7 +148,7 @@ def test_an_upload_route_benchmarks_with_real_speech_and_every_route_answers(
     assert sent[3]["form"] == {"prompt": "hat", "size": "32x32", "model": "standin-model"}
     assert sent[4]["files"] == [{"field": "input_reference", "filename": "first.png", "content_type": "image/png",
                                  "size": len(PNG), "sha256": hashlib.sha256(PNG).hexdigest()}]
-    assert json.loads(sent[4]["form"]["image_reference"]) == [{"image_url": "https://example.com/a.png"}]
+    assert json.loads(sent[4]["form"]["image_reference"]) == [{"image_url": "https://8.8.8.8/a.png"}]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ Kinds (`parse`): "text" (stripped), "lines" (a log-line list, see parse_lines), 
 int() of the stripped text, positive), "digits" (ASCII-style digits only, positive), "number" (a
 positive finite float), "bool" (true/1/yes or false/0/no, any case), "drain" (a number of seconds
 from 0 to MAX_DRAIN_SECONDS), and, judged by their owner module, "url", "choice", "routes", "route",
-"port", "platform", "varname". The two integer rules differ on text like "+3" or "1_000" (int()
+"port", "platform", "varname", "hosts". The two integer rules differ on text like "+3" or "1_000" (int()
 takes them, digits does not): each variable keeps the rule it always had.
 
 worker/boot/entrypoint.py (the image's entry point) imports this module for the one variable it
@@ -113,6 +113,16 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_MAX_SESSIONS", "digits", 10, "exit", "guards", "open sessions at once"),
     Var("BAKERY_PUBKEY_BACKOFF_MAX", "number", 60.0, "exit", "guards", "longest wait between public-key fetches"),
     Var("BAKERY_PUBKEY_FETCH_TIMEOUT", "number", 10.0, "exit", "guards", "time for one public-key fetch"),
+    Var("BAKERY_PUBKEY_REFRESH", "number", 300.0, "exit", "guards",
+        "seconds between fetches of the public key once loaded (a rotated-away key is refused after at most this)"),
+    Var("BAKERY_PUBKEY_REFETCH_MIN", "number", 10.0, "exit", "guards",
+        "fewest seconds between key fetches a run of signature failures asks for"),
+    # References the engine fetches (references.py; read strictly).
+    Var("BAKERY_ALLOW_PRIVATE_REFERENCES", "hosts", None, "exit", "references",
+        "host names, addresses and CIDR ranges a reference may reach though not public (comma-separated)"),
+    Var("BAKERY_REFERENCE_RESOLVE_TIMEOUT", "number", 3.0, "exit", "references",
+        "time to resolve the host names of a request's references"),
+    Var("BAKERY_MAX_REFERENCES", "digits", 32, "exit", "references", "URLs one request may make the engine fetch"),
     # Global bounds (admission.py). 256 MiB of bodies at once: sixteen at the 16 MiB body limit, or 1024
     # streams (the top of a GPU engine's range, docs/serving.md) of 256 KiB prompts each; a body costs
     # the worker ~3x its size while parsed, so bodies stay under ~1 GiB of its memory. Unset, it is never

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import admission, config, drain, forward, guards, routes, sdk_seam, serving, uploads
+from workers.openai import admission, config, drain, forward, guards, references, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -720,6 +720,7 @@ class WorkerConfig:
     limit_notes: tuple[str, ...]
     warnings: tuple[str, ...]  # the settings' and the limits', in the order they are printed
     model_id_vars: tuple[str, ...]  # where the model id was looked for (for the warning without one)
+    reference_policy: references.Policy = field(default_factory=references.Policy)  # what a reference may reach
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -729,6 +730,8 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
     limits, errors = guards.load_limits(env)
     drain_seconds, drain_errors = drain.load(env)
     errors += drain_errors
+    policy, reference_errors = references.load(env, settings.routes.limits)
+    errors += reference_errors
     if errors:
         raise ConfigError(errors)
     limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
@@ -737,7 +740,8 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
         raise ConfigError(bound_errors)
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
-                        warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env))
+                        warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env),
+                        reference_policy=policy)
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -791,10 +795,12 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
         serving.install(ctx, cfg.drain_seconds, limits.retry_after)  # stream release, prompt report, drain
+        references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
     _say(drain.describe(cfg.drain_seconds))
+    _say(references.describe(cfg.reference_policy))
     for line in cfg.limit_notes:
         _say(f"bakery-worker: {line}")
     if settings.unsecured:

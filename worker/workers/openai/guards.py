@@ -21,9 +21,11 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 - envelope: a malformed envelope -> 422 JSON (never the SDK's 500), and the SDK's body-less refusals
   (401/429/500) get a JSON body.
 - pubkey_retry: the public key is fetched until it loads, with bounded backoff; the worker reports
-  itself loaded only once it has the key. Hooks: `_fetch_pubkey`, `_Backend__pubkey_fetch_complete`,
-  `Metrics._model_loaded`.
-- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows.
+  itself loaded only once it has the key; then it is fetched again periodically and on a run of
+  signature failures, rate-limited (key_rotation.py). Hooks: `_fetch_pubkey`,
+  `_Backend__pubkey_fetch_complete`, `Metrics._model_loaded`, `_Backend__check_signature`.
+- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows,
+  or a caller's text raw: control characters escaped, values bounded (log_escape.py).
 - http_listener: the SDK's second listener (WORKER_HTTP_PORT) binds 127.0.0.1 only.
 - outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
   before the model is loaded or while draining) or does not report (its own 422), of an envelope
@@ -50,7 +52,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.openai import admission, config, front, sdk_seam
+from workers.openai import admission, config, front, key_rotation, log_escape, sdk_seam
 from workers.openai.sdk_seam import GuardError
 
 ACTIVE = (
@@ -100,6 +102,8 @@ class Limits:
     max_sessions: int = 10
     pubkey_backoff_max: float = 60.0
     pubkey_fetch_timeout: float = 10.0
+    pubkey_refresh: float = 300.0
+    pubkey_refetch_min: float = 10.0
     max_buffered_bytes: int = 256 * 1024 * 1024  # why: config.VARIABLES
     max_connections: int = 2048
 
@@ -117,6 +121,8 @@ LIMIT_VARS: dict[str, str] = {
     "max_sessions": "BAKERY_MAX_SESSIONS",
     "pubkey_backoff_max": "BAKERY_PUBKEY_BACKOFF_MAX",
     "pubkey_fetch_timeout": "BAKERY_PUBKEY_FETCH_TIMEOUT",
+    "pubkey_refresh": "BAKERY_PUBKEY_REFRESH",
+    "pubkey_refetch_min": "BAKERY_PUBKEY_REFETCH_MIN",
     "max_buffered_bytes": "BAKERY_MAX_BUFFERED_BYTES",
     "max_connections": "BAKERY_MAX_CONNECTIONS",
 }
@@ -142,6 +148,7 @@ def describe(active: tuple[str, ...], limits: Limits) -> str:
         f"engine_idle={limits.engine_idle_timeout:g}s retry_after={limits.retry_after}s "
         f"sessions={'on' if limits.sessions else 'off'} session_lifetime<={limits.session_max_lifetime:g}s "
         f"max_sessions={limits.max_sessions} pubkey_backoff<={limits.pubkey_backoff_max:g}s "
+        f"pubkey_refresh={limits.pubkey_refresh:g}s pubkey_refetch>={limits.pubkey_refetch_min:g}s "
         f"max_buffered={limits.max_buffered_bytes}B max_connections={limits.max_connections}"
     )
 
@@ -309,9 +316,6 @@ def _install_envelope(ctx: Context, web: Any) -> None:
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
-    import aiohttp
-    from Crypto.PublicKey import RSA
-
     backend, limits = ctx.backend, ctx.limits
     _hook(backend, "fetch_pubkey", "pubkey_retry")
     _hook(backend, "pubkey", "pubkey_retry")
@@ -321,6 +325,10 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     first = ctx.report_addr.split(",")[0].strip().rstrip("/")
     url = f"{first}/pubkey/"
     waiting: list[float] = []
+    rotation = key_rotation.Rotation(
+        url, limits.pubkey_refresh, limits.pubkey_refetch_min,
+        lambda: key_rotation.fetch_key(url, limits.pubkey_fetch_timeout),
+        lambda: sdk_seam.get(backend, "pubkey"), lambda key: sdk_seam.put(backend, "pubkey", key))
 
     def model_loaded(max_throughput: float) -> None:
         if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
@@ -340,10 +348,7 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
         for delay in backoff(limits.pubkey_backoff_max):
             tries += 1
             try:
-                timeout = aiohttp.ClientTimeout(total=limits.pubkey_fetch_timeout)
-                async with aiohttp.ClientSession(timeout=timeout) as client, client.get(url) as response:
-                    response.raise_for_status()
-                    key = RSA.import_key(await response.text())
+                key = await key_rotation.fetch_key(url, limits.pubkey_fetch_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (any failure: retry later, the key may come)
@@ -357,18 +362,27 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
             log.warning("public key loaded from %s (try %d, after %.1f s)", url, tries, time.monotonic() - started)
             if waiting:
                 report_loaded(max_throughput=waiting[-1])
+            await rotation.run()  # from now on the key follows the autoscaler's (for the worker's lifetime)
             return
+
+    def keyed() -> bool:  # failures count only while signatures are checked against a key
+        return not backend.unsecured and sdk_seam.get(backend, "pubkey") is not None
 
     sdk_seam.put(metrics, "model_loaded", model_loaded)
     sdk_seam.put(backend, "fetch_pubkey", fetch_until_loaded)
+    # Over own_url's layer: its refusals (a signature of another key size is misshapen for this one) count.
+    sdk_seam.put(backend, "check_signature", key_rotation.counting(
+        _hook(backend, "check_signature", "pubkey_retry"), rotation, keyed))
 
 
 def _install_log_hygiene(ctx: Context, web: Any) -> None:
-    redactor = QueryRedactor()
+    redactor, escaper = QueryRedactor(), log_escape.Escaper()
     for handler in logging.getLogger().handlers:
+        handler.addFilter(escaper)  # first: the redactors then see each value on one line
         handler.addFilter(redactor)
         handler.addFilter(front.TokenRedactor())
     for name in REDACTED_LOGGERS:  # also when a record does not reach the root's handlers
+        logging.getLogger(name).addFilter(escaper)
         logging.getLogger(name).addFilter(redactor)
 
 

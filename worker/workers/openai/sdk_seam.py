@@ -65,22 +65,27 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap", ("own_url", "outcomes", "sessions"),
-         "the SDK's per-request signature check: own_url adds the URL check, outcomes records each verdict "
-         "(two declared layers), sessions calls it for /session/*"),
-    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("forward", "limits", "engine_close"),
+    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
+         ("own_url", "pubkey_retry", "outcomes", "sessions"),
+         "the SDK's per-request signature check: own_url adds the URL check, pubkey_retry counts failures "
+         "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
+         "sessions calls it for /session/*"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
+         ("forward", "limits", "engine_close", "references"),
          "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
          "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
-         "request ends (engine_close)"),
+         "request ends (engine_close), a signed request's references checked first (references)"),
     Hook("engine_session", "Backend", "session", "set", ("limits",),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use"),
     Hook("fetch_pubkey", "Backend", "_fetch_pubkey", "replace", ("pubkey_retry",),
-         "the SDK's 5-try key fetch, replaced by one with backoff that does not give up"),
+         "the SDK's 5-try key fetch, replaced by one with backoff that does not give up, then re-fetches "
+         "the key for the worker's lifetime (key_rotation.py)"),
     Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
          "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
     Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url"),
-         "the platform's public key the SDK checks signatures with: set by pubkey_retry, read by outcomes"),
+         "the platform's public key the SDK checks signatures with: set (and replaced when it rotates) by "
+         "pubkey_retry, read by outcomes"),
     Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
     Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes"),

@@ -16,13 +16,14 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib
+import ipaddress
 import json
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from workers.openai import workload
 
@@ -154,8 +155,13 @@ def file_part(raw: bytes, filename: Any, spec: UploadField, name_field: str) -> 
     return name, raw, spec.types[ext]
 
 
-def check_reference(value: Any, field: str, limits: UploadLimits) -> None:
-    """A reference the engine will fetch: an http(s) URL with a host, or a `data:` URI (bounded)."""
+def check_reference(value: Any, field: str, limits: UploadLimits) -> str | None:
+    """A reference the engine will fetch: an http(s) URL with a host, or a `data:` URI (bounded).
+
+    Returns the URL's host (lower case, no brackets or trailing dot; None for a `data:` URI) for
+    references.py, which judges the addresses it stands for once the request is signed. Only a URL
+    every parser reads alike passes (reference_host_problem): what this check sees is what the engine fetches.
+    """
     if not isinstance(value, str) or not value.strip():
         raise UploadError(field, "must be an http(s) URL or a data: URI")
     text = value.strip()
@@ -166,13 +172,59 @@ def check_reference(value: Any, field: str, limits: UploadLimits) -> None:
         if len(text) - comma - 1 > encoded_limit(limits.file_bytes):
             raise UploadError(field, f"larger than {limits.file_bytes} bytes (the limit is "
                                      f"{MAX_UPLOAD_BYTES_VAR})")
-        return
+        return None
     try:
         parts = urlsplit(text)
     except ValueError:  # e.g. "http://[::1"
         raise UploadError(field, "must be an http(s) URL or a data: URI") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise UploadError(field, "must be an http(s) URL or a data: URI, never a path on the instance")
+    problem = reference_host_problem(text, parts)
+    if problem:
+        raise UploadError(field, problem)
+    return parts.hostname.rstrip(".")
+
+
+# A host name as DNS writes it: what every URL parser and resolver reads the same way.
+_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?")
+_NUMERIC_LABEL = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
+_UNPLAIN = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+_BRACKETED = re.compile(r"\[[0-9a-f:.]+\]")
+
+
+def reference_host_problem(text: str, parts: SplitResult) -> str | None:
+    """Why the http(s) URL `text` (split as `parts`) could reach another host than it seems to, or None.
+
+    URL libraries disagree on what is not plain (the engine's may be aiohttp, requests or curl):
+    a backslash, blank or control character (stripped by some, a separator to others), user info
+    (`http://public@127.0.0.1/`), percent-escapes or non-ASCII in the host (decoded, IDNA-mapped),
+    an IPv6 zone, and IPv4 numbers other than four decimals (`2130706433`, `0x7f.1`, `0177.0.0.1`,
+    `127.1` all mean 127.0.0.1 to inet_aton). Each is refused rather than interpreted.
+    """
+    if _UNPLAIN.search(text):
+        return "must not hold blanks, control characters or backslashes"
+    if "@" in parts.netloc:
+        return "must not carry a user name or password (user@host): URL parsers disagree on its host"
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number from 0 to 65535)
+    except ValueError:
+        return "has a port that is not a number from 0 to 65535"
+    host = parts.hostname or ""
+    if parts.netloc.startswith("["):
+        if not _BRACKETED.fullmatch(f"[{host}]"):
+            return "has an IPv6 host that is not plain hexadecimal (no zone, no escapes)"
+        return None
+    if not _NAME.fullmatch(host) or len(host) > 254:
+        return ("has a host that is not a plain DNS name or address (write an international name "
+                "in its xn-- form, without percent-escapes)")
+    if _NUMERIC_LABEL.fullmatch(host.rstrip(".").rpartition(".")[2]):
+        try:
+            canonical = str(ipaddress.IPv4Address(host.rstrip("."))) == host.rstrip(".")
+        except ValueError:
+            canonical = False
+        if not canonical:
+            return "has a numeric host that is not an IPv4 address written as four decimal numbers (a.b.c.d)"
+    return None
 
 
 def _listed(value: Any) -> list[Any]:
