@@ -148,8 +148,8 @@ def describe(active: tuple[str, ...], limits: Limits) -> str:
         f"engine_idle={limits.engine_idle_timeout:g}s retry_after={limits.retry_after}s "
         f"sessions={'on' if limits.sessions else 'off'} session_lifetime<={limits.session_max_lifetime:g}s "
         f"max_sessions={limits.max_sessions} pubkey_backoff<={limits.pubkey_backoff_max:g}s "
-        f"pubkey_refresh={limits.pubkey_refresh:g}s pubkey_refetch>={limits.pubkey_refetch_min:g}s "
-        f"max_buffered={limits.max_buffered_bytes}B max_connections={limits.max_connections}"
+        f"max_buffered={limits.max_buffered_bytes}B max_connections={limits.max_connections} "
+        f"pubkey_refresh={limits.pubkey_refresh:g}s pubkey_refetch>={limits.pubkey_refetch_min:g}s"
     )
 
 
