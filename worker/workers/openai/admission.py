@@ -236,6 +236,13 @@ def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: i
     """415 for a compressed body; 503 + Retry-After for a body the byte bound cannot take; the
     reservation released when the request ends."""
     full = f"the worker holds its limit of request bodies ({BYTES_VAR}={budget.limit} bytes); retry later"
+    encoded = [0]
+
+    def busy() -> Any:
+        if now_and_then(budget.refused):  # the 1st, 10th, 100th ...: a flood is not logged line by line
+            log.warning("refused %d request(s) whose body did not fit beside the %d bytes held (%s=%d): 503",
+                        budget.refused, budget.held, BYTES_VAR, budget.limit)
+        return drain.retry_later(web, full, retry_after)
 
     @web.middleware
     async def admission(request: Any, handler: Any) -> Any:
@@ -243,6 +250,9 @@ def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: i
         if codings:
             refused = encoding_error(codings)
             if refused:
+                encoded[0] += 1
+                if now_and_then(encoded[0]):
+                    log.warning("refused %d request(s) with a Content-Encoding: 415", encoded[0])
                 return front.error(web, 415, refused)
         if not request.body_exists:
             return await handler(request)
@@ -253,12 +263,12 @@ def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: i
                 sdk_seam.replace_request_read(request, reserving_read(request, budget, ticket, max_body, web))
             elif length <= max_body:  # a larger one is 413 before it is read (limits_body)
                 if not budget.reserve(length):
-                    return drain.retry_later(web, full, retry_after)
+                    return busy()
                 ticket.held = length
             try:
                 return await handler(request)
             except Overbudget:
-                return drain.retry_later(web, full, retry_after)
+                return busy()
         finally:
             budget.release(ticket.held)
 
