@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import config, drain, forward, guards, routes, sdk_seam, serving, uploads
+from workers.openai import config, drain, forward, guards, late_errors, routes, sdk_seam, serving, uploads
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -720,6 +720,7 @@ class WorkerConfig:
     limit_notes: tuple[str, ...]
     warnings: tuple[str, ...]  # the settings' and the limits', in the order they are printed
     model_id_vars: tuple[str, ...]  # where the model id was looked for (for the warning without one)
+    late_errors: late_errors.Bounds = late_errors.DEFAULT_BOUNDS  # how a late error line is checked
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -732,9 +733,12 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
     if errors:
         raise ConfigError(errors)
     limits, limit_notes, limit_warnings = reconcile_limits(limits, settings.routes, env)
+    late_warnings: list[str] = []
+    late = late_errors.load(env, late_warnings)
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
-                        warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env))
+                        warnings=(*settings.warnings, *limit_warnings, *late_warnings),
+                        model_id_vars=model_id_vars(env), late_errors=late)
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -787,11 +791,13 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
                         guards.ENGINE_KEEPALIVE)
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
-        serving.install(ctx, cfg.drain_seconds, limits.retry_after)  # stream release, prompt report, drain
+        serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
+                        settings.error_lines, cfg.late_errors)  # late error lines
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
     _say(drain.describe(cfg.drain_seconds))
+    _say(late_errors.describe(cfg.late_errors))
     for line in cfg.limit_notes:
         _say(f"bakery-worker: {line}")
     if settings.unsecured:
