@@ -183,17 +183,20 @@ def test_the_warning_is_rate_limited_and_counts_the_lines(caplog: pytest.LogCapt
     fake = Fake(probes=1)
 
     async def scenario() -> None:
-        with caplog.at_level(logging.WARNING, logger="bakery.late_errors"):
+        with caplog.at_level(logging.DEBUG, logger="bakery.late_errors"):
             for at in (0.0, 1.0, 2.0, late_errors.WARN_EVERY + 1):
                 fake.now = at
                 fake.line(f"Traceback (most recent call last): at {at}", TRACEBACK)
                 await fake.settle()
 
     run(scenario)
-    warnings = [r.getMessage() for r in caplog.records]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("1 error line(s)") and warnings[1].startswith("3 error line(s)"), warnings
     assert warnings[1].endswith(f"at {late_errors.WARN_EVERY + 1}") and fake.errors == []
+    # The checks in between still say what they decided, at debug level (one line each).
+    quiet = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and HELD in r.getMessage()]
+    assert [m.rsplit(" at ", 1)[1] for m in quiet] == ["1.0", "2.0"], quiet
 
 
 def test_an_errored_worker_takes_every_line() -> None:
@@ -230,10 +233,21 @@ def test_the_bounds_are_read_from_the_environment() -> None:
 # --------------------------------------------------------------------------- with the real SDK
 
 
+def vllm_prefix(marker: str) -> str:
+    """vLLM's prefix of an ERROR record's lines, with `marker` as the source file's name."""
+    return f"(APIServer pid=4242) ERROR 12-01 10:00:00 [{marker}.py:1234] "
+
+
+def held(marker: str) -> str:
+    """late_errors' line when the check of the traceback `marker` ended with the health holding."""
+    return f"{HELD}; last: {vllm_prefix(marker)}{TRACEBACK}"
+
+
 def handled_traceback(marker: str) -> str:
     """A traceback as vLLM logs a handled one (logger.exception: every line with the record's prefix,
-    joined by \\r\\n), for an error in one request; `marker` names it."""
-    prefix = "(APIServer pid=4242) ERROR 12-01 10:00:00 [serving.py:1234] "
+    joined by \\r\\n), for an error in one request; `marker` is in each line's prefix (the worker's
+    lines about it name the line, so a test finds them by it)."""
+    prefix = vllm_prefix(marker)
     lines = [f"Error in chat completion stream generator ({marker}).", TRACEBACK,
              '  File "/opt/venv/lib/python3.12/site-packages/vllm/entrypoints/openai/serving.py", line 1234, '
              "in chat_completion_stream_generator",
@@ -281,9 +295,9 @@ def test_a_handled_traceback_after_load_leaves_the_worker_ready(harness: Harness
     reports = harness.report_server(key.pem)
     engine = harness.standin("vllm")
     served = harness.serve("vllm", engine, reports, UNSECURED=None, MODEL_NAME=MODEL)
-    append(engine.log, handled_traceback("late-1"))
+    append(engine.log, handled_traceback("late_1"))
     bounds = late_errors.DEFAULT_BOUNDS
-    wait_for_text(served.worker, HELD, reports, bounds.longest_seconds + 15)
+    wait_for_text(served.worker, held("late_1"), reports, bounds.longest_seconds + 15)
     assert SDK_MATCHED in served.worker.text  # the SDK did match the line: it was held, not missed
     signed = {"signature": key.sign(served.url), "url": served.url}
     status, body, _ = post_enveloped(served.port, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4},
@@ -319,7 +333,7 @@ def test_an_error_line_with_a_failing_health_endpoint_errors(harness: Harness) -
     assert served.reports is not None
     after_a_health_check(served.worker, served.reports)
     tell_engine(engine, "health 500")
-    append(engine.log, handled_traceback("late-2"))
+    append(engine.log, handled_traceback("late_2"))
     took = wait_errored(served.reports, TRACEBACK, 8)
     assert COUNTED in served.worker.text and "answered 500" in served.worker.text, served.worker.text[-3000:]
     assert took < 8
@@ -353,7 +367,7 @@ def test_after_a_held_line_a_real_failure_still_errors(harness: Harness) -> None
     served = harness.serve("vllm", engine, MODEL_NAME=MODEL)
     assert served.reports is not None and engine.proc is not None
     append(engine.log, handled_traceback("held"))
-    wait_for_text(served.worker, HELD, served.reports, late_errors.DEFAULT_BOUNDS.longest_seconds + 15)
+    wait_for_text(served.worker, held("held"), served.reports, late_errors.DEFAULT_BOUNDS.longest_seconds + 15)
     after_a_health_check(served.worker, served.reports)
     os.killpg(engine.proc.popen.pid, signal.SIGKILL)
     engine.proc.popen.wait(10)

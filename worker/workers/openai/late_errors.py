@@ -19,8 +19,8 @@ The policy (docs/engines.md, "The worker's error policy after load"):
   BAKERY_LATE_ERROR_INTERVAL seconds apart (an engine that is dying may log its traceback a moment
   before its health fails). A line that arrives during a check starts the count again, so every
   line gets a whole check. When the health holds, the line does not count: one warning naming it
-  (at most one per WARN_EVERY seconds, with the count of the lines since the last one), the worker
-  stays ready;
+  (at most one per WARN_EVERY seconds, with the count of the lines since the last one; a debug line
+  for the checks in between), the worker stays ready;
 - what the SDK reports itself (its own health check's failure after load, a failed benchmark, the
   public key) passes through unchanged.
 An error line that counts also asks the SDK for a status report at its next 1 s tick: the errored
@@ -181,17 +181,19 @@ class LateErrors:
             self.let_go(self._pending[1])
 
     def let_go(self, line: str) -> None:
-        """The lines under check did not count: warn, at most once per WARN_EVERY seconds."""
+        """The lines under check did not count: a warning at most once per WARN_EVERY seconds (counting
+        the lines since the last one), a debug line for the checks in between."""
         self.held += self._lines
         self._lines = 0
         now = self.clock()
-        if self.last_warning is not None and now - self.last_warning < WARN_EVERY:
-            return
-        self.last_warning = now
-        log.warning("%d error line(s) after load while the engine's health answered 200 (%d probe(s) over "
-                    "%g s): not counted, the worker stays ready; last: %s", self.held, self.bounds.probes,
-                    self.bounds.healthy_seconds, _short(line))
-        self.held = 0
+        quiet = self.last_warning is not None and now - self.last_warning < WARN_EVERY
+        level = logging.DEBUG if quiet else logging.WARNING
+        log.log(level, "%d error line(s) after load while the engine's health answered 200 (%d probe(s) over "
+                "%g s): not counted, the worker stays ready; last: %s", self.held, self.bounds.probes,
+                self.bounds.healthy_seconds, _short(line))
+        if not quiet:
+            self.last_warning = now
+            self.held = 0
 
 
 def health_probe(backend: Any, timeout: float) -> Probe:
