@@ -74,6 +74,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("engine_session", "Backend", "session", "set", ("limits", "late_errors"),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use; late_errors probes the engine's health on it"),
+    Hook("healthcheck_url", "Backend", "healthcheck_url", "read", ("late_errors",),
+         "the engine's health URL (MODEL_HEALTH_ENDPOINT, resolved): probed when a late error line comes"),
     Hook("fetch_pubkey", "Backend", "_fetch_pubkey", "replace", ("pubkey_retry",),
          "the SDK's 5-try key fetch, replaced by one with backoff that does not give up"),
     Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
@@ -89,6 +91,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read",
          ("not_ready", "report_soon", "late_errors"),
          "set once the benchmark ran: 503 before it, the loaded report right after it"),
+    Hook("error_msg", "Metrics", "model_metrics.error_msg", "read", ("late_errors",),
+         "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
     Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes",),
@@ -109,10 +113,6 @@ HOOKS: tuple[Hook, ...] = (
     Hook("backend_errored", "Backend", "backend_errored", "wrap", ("late_errors",),
          "marks the worker errored for good (error_msg), called for each error log line at any time: "
          "after load a line counts only if the engine's health fails too (late_errors)"),
-    Hook("error_msg", "Metrics", "model_metrics.error_msg", "read", ("late_errors",),
-         "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
-    Hook("healthcheck_url", "Backend", "healthcheck_url", "read", ("late_errors",),
-         "the engine's health URL (MODEL_HEALTH_ENDPOINT, resolved): probed when a late error line comes"),
     Hook("last_metric_update", "Metrics", "last_metric_update", "read", ("report_soon",),
          "stamped by a report that went through"),
     Hook("web", SERVER_MODULE, "web", "replace", ("own_url", "sessions", "self_update", "limits", "not_ready",
