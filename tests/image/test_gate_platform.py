@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bakery.spec.engine_facts import facts
-from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, SideLaunches
+from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, ImageUnderTest, SideLaunches
 from tests.image.launch import (
     CLIENT,
     CONTROLPLANE_ADDR,
@@ -278,6 +278,86 @@ def test_oversized_body_refused_413(serverless: Launched) -> None:
         f"a body over 16 MiB was not refused with a JSON 413:\n{_summary(results)}"
     again = serverless.probe([{"name": "after", "payload": COMPLETION, "request_idx": 502}])["after"]
     assert again["status"] == 200, f"the worker did not serve after refusing a large body: {again}"
+
+
+# ---- an error line after ready (docs/engines.md, "The worker's error policy after load") ---------
+# The worker's line (worker/workers/openai/late_errors.py) when a late error line's health check held:
+# "... not counted, the worker stays ready; last: <the line>".
+LATE_HELD = "not counted, the worker stays ready; last: "
+LATE_COUNTED = "an error line after load counts"
+# The check's longest run with the defaults (4 probes 1 s apart, 5 s each: 23 s), and the SDK's tail.
+LATE_CHECK_BOUND = 60
+LATE_IDX = 901
+
+
+def late_error_text(marker: str, patterns: list[str]) -> str:
+    """A traceback an engine handled, as lines of MODEL_LOG that each start with `marker`, plus one line
+    for each baked error pattern the traceback does not contain (llama.cpp's grammar has no traceback
+    line): every pattern but the exit line occurs once."""
+    lines = [f"{marker} Error in one request (handled: the engine serves on).",
+             f"{marker} Traceback (most recent call last):",
+             f'{marker}   File "/opt/engine/handler.py", line 12, in handle',
+             f"{marker}     raise ValueError(message)",
+             f"{marker} ValueError: one request's problem"]
+    lines += [f"{marker} {pattern} (handled)" for pattern in patterns if not any(pattern in line for line in lines)]
+    return "\n".join(lines) + "\n"
+
+
+def _outcome_time(launched: Launched, request_idx: int) -> float | None:
+    """When the control plane got the outcome of `request_idx` (its record's time), or None."""
+    for entry in launched.records("/delete_requests/"):
+        body = entry.get("body")
+        items = body.get("requests") if isinstance(body, dict) else None
+        if any(isinstance(i, dict) and i.get("request_idx") == request_idx for i in items or []):
+            return float(entry["time"])
+    return None
+
+
+@pytest.mark.serve
+def test_handled_traceback_after_ready_keeps_the_worker_ready(image: ImageUnderTest, serverless: Launched) -> None:
+    # After ready, engines log tracebacks they handle and serve on: a line matching a baked error
+    # pattern while /health answers 200 must not error the worker (the SDK alone errors it for good).
+    # The injected lines carry a marker: a check that reads MODEL_LOG for error lines can tell them.
+    _ready(serverless)
+    exit_line = facts(image.spec).exit_line
+    patterns = [p for p in json.loads(image.expected_env["MODEL_ERROR_LOG_MSGS"]) if p != exit_line]
+    if not patterns:
+        pytest.skip(f"not run: images/{image.engine}.yaml bakes no error line but the exit line")
+    before = [r.get("error_msg") for r in serverless.reports() if r.get("error_msg")]
+    assert not before, f"the worker was reported errored before this check: {before}"
+    marker = f"(bakery gate {uuid.uuid4().hex[:12]}: injected)"
+    # One write, appended (O_APPEND) like the engine's own lines; the text and path as arguments.
+    result = serverless.container.exec_run(["/bin/sh", "-c", 'printf "%s" "$1" >>"$2"', "sh",
+                                            late_error_text(marker, patterns), image.expected_env["MODEL_LOG"]])
+    assert result.exit_code == 0, f"could not append to MODEL_LOG: {result.output.decode(errors='replace')}"
+
+    def errored() -> list[Any]:
+        return [r.get("error_msg") for r in serverless.reports() if r.get("error_msg")]
+
+    def decided() -> bool:  # the worker's line about the injected lines (it names the last one matched)
+        text = serverless.logs()
+        return bool(errored()) or LATE_HELD + marker in text or any(
+            marker in line for line in text.splitlines() if LATE_COUNTED in line)
+
+    assert serverless.wait_for(decided, LATE_CHECK_BOUND, 0.5), \
+        f"the worker said nothing about the injected error lines within {LATE_CHECK_BOUND} s:\n" \
+        f"{serverless.logs()[-3000:]}"
+    assert not errored() and LATE_HELD + marker in serverless.logs(), \
+        f"the injected error lines counted although the engine serves (reports: {errored()}):\n" \
+        f"{serverless.logs()[-3000:]}"
+    served = serverless.probe([{"name": "after the traceback", "payload": COMPLETION, "request_idx": LATE_IDX}])
+    after = served["after the traceback"]
+    assert after["status"] == 200 and answer_text(after).strip(), \
+        f"a signed request after the injected traceback was not served: {_summary(served)}"
+    # A status report made after that request ended: an errored worker's would carry error_msg (the
+    # SDK never clears it).
+    assert serverless.wait_for(lambda: _outcome_time(serverless, LATE_IDX) is not None, REPORT_WAIT, 0.5), \
+        f"no outcome for request {LATE_IDX} reached the control plane"
+    anchor = _outcome_time(serverless, LATE_IDX) or 0.0
+    assert serverless.wait_for(lambda: any(float(e.get("time", 0)) > anchor
+                                           for e in serverless.records("/worker_status/")), REPORT_WAIT, 0.5), \
+        "no status report came after the request"
+    assert not errored(), f"the worker was reported errored after a handled traceback: {errored()}"
 
 
 # ---- a control plane that withholds the key at boot (one launch, two checks) --------------------

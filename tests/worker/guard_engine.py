@@ -8,6 +8,7 @@ gets depends on its prompt (or last message):
 - `hang`: the engine accepts the request and never answers (held 120 s at most);
 - `trickle N D`: a streamed answer of N chunks, one every D seconds;
 - `slowbody D`: the answer's headers at once, then D seconds of silence before its body;
+- `health N`: from then on /health answers status N (the engine still serves requests);
 - anything else: at once, a completion whose text is `echo:<prompt>`.
 Every request is counted in FILE as `served <route> <prompt>` so tests can see what reached it.
 """
@@ -33,6 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     loaded = threading.Event()
     lock = threading.Lock()
+    health: dict[str, int] = {}  # the status /health answers once loaded (`health N`), 200 unless set
 
     def note(line: str) -> None:
         with lock, args.log.open("a") as out:
@@ -54,7 +56,8 @@ def main() -> None:
 
         def do_GET(self) -> None:
             if self.path == "/health":
-                self._send(200 if loaded.is_set() else 503, {"status": "ok" if loaded.is_set() else "loading"})
+                status = health.get("status", 200) if loaded.is_set() else 503
+                self._send(status, {"status": "ok" if status == 200 else "unwell" if loaded.is_set() else "loading"})
             else:
                 self._send(404, {"error": "not found"})
 
@@ -63,6 +66,8 @@ def main() -> None:
             prompt = body.get("prompt") or (body.get("messages") or [{}])[-1].get("content", "")
             note(f"served {self.path} {str(prompt)[:60]}")
             words = str(prompt).split()
+            if words[:1] == ["health"]:
+                health["status"] = int(words[1])
             if words[:1] == ["hang"]:
                 time.sleep(HOLD_LIMIT)
                 return

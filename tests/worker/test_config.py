@@ -97,8 +97,8 @@ def test_every_row_is_well_formed() -> None:
 
 
 def test_strict_and_warning_variables_are_the_documented_ones() -> None:
-    """Guard limits, UNSECURED and the drain stop the worker; the benchmark, readiness and upload
-    numbers, BAKERY_LOG_REQUESTS and the log-line lists warn and take their default."""
+    """Guard limits, UNSECURED and the drain stop the worker; the benchmark, readiness, upload and
+    late-error numbers, BAKERY_LOG_REQUESTS and the log-line lists warn and take their default."""
     strict = {v.name for v in config.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
               and v.kind in ("digits", "number", "bool", "drain")}
     assert strict == {"UNSECURED", "BAKERY_DRAIN_TIMEOUT", *(v.name for v in config.VARIABLES if v.owner == "guards")}
@@ -106,7 +106,8 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
     assert warned == {"MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS", "BENCHMARK_RUNS",
                       "BENCHMARK_CONCURRENCY", "BENCHMARK_MAX_TOKENS", "READINESS", "READINESS_TIMEOUT",
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
-                      "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS"}
+                      "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS", "BAKERY_LATE_ERROR_PROBES",
+                      "BAKERY_LATE_ERROR_INTERVAL"}
 
 
 @pytest.mark.parametrize("raw", [None, "", "  ", "\t\n"])

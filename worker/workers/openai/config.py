@@ -135,6 +135,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_MAX_CONNECTIONS", "digits", 2048, "exit", "guards", "open connections on WORKER_PORT"),
     # Drain (drain.py; also read by the entry point, which sizes the worker's stopwaitsecs from it).
     Var("BAKERY_DRAIN_TIMEOUT", "drain", 8.0, "exit", "drain", "seconds requests in flight get after SIGTERM"),
+    # Late error lines (late_errors.py): the health probes that decide whether one counts.
+    Var("BAKERY_LATE_ERROR_PROBES", "digits", 4, "warn", "late_errors",
+        "health probes in a row that must answer 200 for an error line after load not to count"),
+    Var("BAKERY_LATE_ERROR_INTERVAL", "number", 1.0, "warn", "late_errors", "seconds between those probes"),
     # Platform variables the SDK reads unguarded (core.check_platform_env).
     Var("CONTAINER_ID", "platform", None, "exit", "core", "the instance id (an integer)"),
     Var("REPORT_ADDR", "platform", None, "exit", "core", "the autoscaler's address(es)"),

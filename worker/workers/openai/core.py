@@ -31,7 +31,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from workers.openai import admission, config, drain, forward, guards, references, routes, sdk_seam, serving, uploads
+from workers.openai import (
+    admission,
+    config,
+    drain,
+    forward,
+    guards,
+    late_errors,
+    references,
+    routes,
+    sdk_seam,
+    serving,
+    uploads,
+)
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
 DEFAULT_HEALTH_ENDPOINT = "/health"
@@ -721,6 +733,7 @@ class WorkerConfig:
     warnings: tuple[str, ...]  # the settings' and the limits', in the order they are printed
     model_id_vars: tuple[str, ...]  # where the model id was looked for (for the warning without one)
     reference_policy: references.Policy = field(default_factory=references.Policy)  # what a reference may reach
+    late_errors: late_errors.Bounds = late_errors.DEFAULT_BOUNDS  # how a late error line is checked
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -738,10 +751,12 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
     limits, bound_errors = admission.reconcile(limits, env)  # the byte bound against the body limit
     if bound_errors:
         raise ConfigError(bound_errors)
+    late_warnings: list[str] = []
+    late = late_errors.load(env, late_warnings)
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
-                        warnings=(*settings.warnings, *limit_warnings), model_id_vars=model_id_vars(env),
-                        reference_policy=policy)
+                        warnings=(*settings.warnings, *limit_warnings, *late_warnings),
+                        model_id_vars=model_id_vars(env), reference_policy=policy, late_errors=late)
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -794,13 +809,15 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
                         guards.ENGINE_KEEPALIVE)
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
-        serving.install(ctx, cfg.drain_seconds, limits.retry_after)  # stream release, prompt report, drain
+        serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
+                        settings.error_lines, cfg.late_errors)  # late error lines
         references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))
     _say(drain.describe(cfg.drain_seconds))
     _say(references.describe(cfg.reference_policy))
+    _say(late_errors.describe(cfg.late_errors))
     for line in cfg.limit_notes:
         _say(f"bakery-worker: {line}")
     if settings.unsecured:

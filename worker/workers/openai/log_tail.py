@@ -8,7 +8,8 @@ profile of 16 concurrent streams put the tail at about a tenth of the worker's b
 same moments its requests were being set up. Reading a local regular file does not block in any way
 that matters (a few kilobytes from the page cache), so the SDK's backend gets an `open_file` that
 reads in place: the same calls (`await f.readline()`, `await f.aclose()`, `async with`), the same
-text decoding, no thread.
+text decoding, no thread. Each line read is also handed to `seen` when one is given (late_errors,
+to name the whole line an error pattern matched).
 
 Installed by serving.install before the server starts (the SDK opens the log after its HTTP sites
 are up). This module imports only the standard library.
@@ -17,6 +18,7 @@ are up). This module imports only the standard library.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 from workers.openai import sdk_seam
@@ -27,11 +29,15 @@ BACKEND_MODULE = sdk_seam.BACKEND_MODULE
 class LocalFile:
     """An open file with the async methods of anyio's AsyncFile that the SDK calls, done in place."""
 
-    def __init__(self, handle: io.TextIOBase | io.BufferedIOBase) -> None:
+    def __init__(self, handle: io.TextIOBase | io.BufferedIOBase, seen: Callable[[Any], None] | None = None) -> None:
         self._handle = handle
+        self._seen = seen
 
     async def readline(self) -> Any:
-        return self._handle.readline()
+        line = self._handle.readline()
+        if line and self._seen is not None:
+            self._seen(line)
+        return line
 
     async def read(self, size: int = -1) -> Any:
         return self._handle.read(size)
@@ -50,15 +56,24 @@ class LocalFile:
 
 
 async def open_local_file(file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
-                          errors: str | None = None, newline: str | None = None) -> LocalFile:
+                          errors: str | None = None, newline: str | None = None, *,
+                          seen: Callable[[Any], None] | None = None) -> LocalFile:
     """anyio.open_file's signature (the arguments the SDK passes), opening the file in this thread."""
-    return LocalFile(open(file, mode, buffering, encoding, errors, newline))
+    return LocalFile(open(file, mode, buffering, encoding, errors, newline), seen)
 
 
-def install() -> None:
-    """Give the SDK's backend module the in-place open_file; GuardError when it has none to replace."""
+def install(seen: Callable[[Any], None] | None = None) -> None:
+    """Give the SDK's backend module the in-place open_file (each line read also goes to `seen`);
+    GuardError when it has none to replace."""
     _, current = sdk_seam.module_hook("open_file", "log_tail.py")
     if not callable(current):
         raise sdk_seam.GuardError(f"log_tail.py: the SDK module {BACKEND_MODULE}'s open_file is not callable "
                                   f"(vastai changed): update the hook 'open_file' in {sdk_seam.SEAM_FILE}")
-    sdk_seam.replace_in_module("open_file", "log_tail.py", open_local_file)
+    if seen is None:
+        sdk_seam.replace_in_module("open_file", "log_tail.py", open_local_file)
+        return
+
+    async def open_and_watch(*args: Any, **kwargs: Any) -> LocalFile:
+        return await open_local_file(*args, **kwargs, seen=seen)
+
+    sdk_seam.replace_in_module("open_file", "log_tail.py", open_and_watch)

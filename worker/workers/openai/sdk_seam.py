@@ -75,9 +75,11 @@ HOOKS: tuple[Hook, ...] = (
          "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
          "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
          "request ends (engine_close), a signed request's references checked first (references)"),
-    Hook("engine_session", "Backend", "session", "set", ("limits",),
+    Hook("engine_session", "Backend", "session", "set", ("limits", "late_errors"),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
-         "the instance's __dict__ before the SDK's first use"),
+         "the instance's __dict__ before the SDK's first use; late_errors probes the engine's health on it"),
+    Hook("healthcheck_url", "Backend", "healthcheck_url", "read", ("late_errors",),
+         "the engine's health URL (MODEL_HEALTH_ENDPOINT, resolved): probed when a late error line comes"),
     Hook("fetch_pubkey", "Backend", "_fetch_pubkey", "replace", ("pubkey_retry",),
          "the SDK's 5-try key fetch, replaced by one with backoff that does not give up, then re-fetches "
          "the key for the worker's lifetime (key_rotation.py)"),
@@ -88,11 +90,15 @@ HOOKS: tuple[Hook, ...] = (
          "pubkey_retry, read by outcomes"),
     Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
-    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes"),
+    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes",
+                                                   "late_errors"),
          "the Backend's Metrics (status reports, request outcomes)"),
     Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
-    Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read", ("not_ready", "report_soon"),
+    Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read",
+         ("not_ready", "report_soon", "late_errors"),
          "set once the benchmark ran: 503 before it, the loaded report right after it"),
+    Hook("error_msg", "Metrics", "model_metrics.error_msg", "read", ("late_errors",),
+         "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
     Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes",),
@@ -107,8 +113,12 @@ HOOKS: tuple[Hook, ...] = (
     Hook("model_metrics_reset", "Metrics", "model_metrics.reset", "wrap", ("report_keep",),
          "zeroes the counters after a report went through, wiping what arrived during its POST: "
          "report_keep keeps that part"),
-    Hook("update_pending", "Metrics", "update_pending", "set", ("report_soon",),
-         "asks the SDK's loop for a report at its next tick (when the immediate one did not go)"),
+    Hook("update_pending", "Metrics", "update_pending", "set", ("report_soon", "late_errors"),
+         "asks the SDK's loop for a report at its next tick (when the immediate one did not go; when an "
+         "error line counted)"),
+    Hook("backend_errored", "Backend", "backend_errored", "wrap", ("late_errors",),
+         "marks the worker errored for good (error_msg), called for each error log line at any time: "
+         "after load a line counts only if the engine's health fails too (late_errors)"),
     Hook("last_metric_update", "Metrics", "last_metric_update", "read", ("report_soon",),
          "stamped by a report that went through"),
     Hook("web", SERVER_MODULE, "web", "replace", ("own_url", "sessions", "self_update", "limits", "not_ready",
@@ -236,6 +246,11 @@ def backend_logger() -> logging.Logger:
     one of the same name's kind when the SDK changed (its lines are then always printed)."""
     logger = getattr(sys.modules.get(BACKEND_MODULE), BY_KEY["request_loggers"].attr, None)
     return logger if isinstance(logger, logging.Logger) else logging.getLogger(BACKEND_MODULE)
+
+
+def engine_session(backend: Any) -> Any:
+    """The Backend's engine session (the limits guard's, once the server started)."""
+    return backend.session
 
 
 def has_engine_session(backend: Any) -> bool:

@@ -4,22 +4,28 @@
 - report_keep: work that ends while a status report is on its way is counted in the next one;
 - report_soon: the "loaded" status report leaves at once, not at the SDK's next 10 s tick;
 - drain: on SIGTERM new requests get 503, requests in flight finish (BAKERY_DRAIN_TIMEOUT), exit 0;
-- log_tail: the engine's log is read on the event loop, not through a thread hand-off per line.
+- log_tail: the engine's log is read on the event loop, not through a thread hand-off per line;
+- late_errors: after load, an error line counts only if the engine's health fails too (or it is the
+  engine's exit line): a handled traceback no longer errors a serving worker for good.
 
 Installed after the guards, on their Context (see core.run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from workers.openai import drain, engine_close, log_tail, report_keep, report_soon
+from workers.openai import drain, engine_close, late_errors, log_tail, report_keep, report_soon
 
 
-def install(ctx: Any, drain_seconds: float, retry_after: int) -> drain.Drain:
-    """Install the five parts; raises guards.GuardError when an SDK hook is missing."""
+def install(ctx: Any, drain_seconds: float, retry_after: int, error_lines: Iterable[str] = (),
+            late_bounds: late_errors.Bounds | None = None) -> drain.Drain:
+    """Install the six parts (late_errors only with `late_bounds`); raises guards.GuardError when an
+    SDK hook is missing."""
     engine_close.install(ctx)
     report_keep.install(ctx)  # before report_soon, which sends through the wrapped send
     report_soon.install(ctx)
-    log_tail.install()
+    policy = None if late_bounds is None else late_errors.install(ctx, error_lines, late_bounds)
+    log_tail.install(None if policy is None else policy.seen)
     return drain.install(ctx, drain_seconds, retry_after)
