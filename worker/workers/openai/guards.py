@@ -16,8 +16,9 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
   connect and idle-read timeouts (504). Hooks: the `web` name the SDK's server module uses
   (Application/AppRunner/TCPSite), the `session` cached_property, `_Backend__call_backend`.
 - not_ready: the model routes answer 503 + Retry-After until the SDK marks the model loaded.
-- envelope: a malformed envelope -> 422 JSON (never the SDK's 500), and the SDK's body-less refusals
-  (401/429/500) get a JSON body.
+- envelope: a malformed envelope -> 422 JSON (never the SDK's 500), one not signed for this worker ->
+  401 before anything parses its payload (signed_first.py), and the SDK's body-less refusals
+  (401/429/500) get a JSON body. Hooks: `_Backend__check_signature`, `Metrics._request_reject`.
 - pubkey_retry: the public key is fetched until it loads, with bounded backoff; the worker reports
   itself loaded only once it has the key. Hooks: `_fetch_pubkey`, `_Backend__pubkey_fetch_complete`,
   `Metrics._model_loaded`.
@@ -292,7 +293,25 @@ def _install_not_ready(ctx: Context, web: Any) -> None:
 
 
 def _install_envelope(ctx: Context, web: Any) -> None:
-    ctx.middlewares.append((RANK["envelope"], front.envelope_middleware(web, ctx.routes)))
+    from workers.openai import signed_first  # msgspec: the worker venv's
+
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard envelope")
+    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard envelope")
+    backend = ctx.backend
+    _hook(backend, "check_signature", "envelope")  # as a request meets it (own_url, outcomes may wrap it)
+    metrics = _hook(backend, "metrics", "envelope")
+    _hook(metrics, "request_reject", "envelope")
+
+    def verify(auth: dict[str, Any]) -> bool:
+        return sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth))
+
+    def reject(auth: dict[str, Any]) -> None:
+        # As the SDK reports its own 401, with no load: nobody signed the payload.
+        sdk_seam.get(metrics, "request_reject")(metrics_cls(
+            request_idx=auth["request_idx"], reqnum=auth["reqnum"], workload=0.0, status="Created",
+            entered_queue_at=time.time()))
+
+    ctx.middlewares.append((RANK["envelope"], signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
@@ -376,6 +395,8 @@ _SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.Context
 
 
 def _install_outcomes(ctx: Context, web: Any) -> None:
+    from workers.openai import signed_first  # msgspec: the worker venv's
+
     _, auth_cls = sdk_seam.module_hook("auth_data", "guard outcomes")
     _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard outcomes")
     backend = ctx.backend
@@ -412,15 +433,18 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             return None  # no key yet: no signature can be checked
         try:
-            data, error = await front.within(front.read_json(request), REFUSAL_READ_SECONDS)
+            body = await front.within(request.read(), REFUSAL_READ_SECONDS)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 (too slow, too large, cut: an unread body names no request)
             return None
-        auth = data.get("auth_data") if error is None and isinstance(data, dict) else None
-        if not isinstance(auth, dict) or auth_error(auth, "auth_data"):
+        # Signed first: the payload is parsed (for its workload) only once the signature holds.
+        found = signed_first.read(body, request.charset)
+        if found.auth is None or not found.checkable or \
+                not sdk_seam.check_signature(backend, auth_cls.from_json_msg(found.auth)):
             return None
-        return data if sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth)) else None
+        data, error = await front.read_json(request)
+        return data if error is None and isinstance(data, dict) else {"auth_data": found.auth}
 
     @web.middleware
     async def outcomes(request: Any, handler: Any) -> Any:

@@ -64,9 +64,10 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap", ("own_url", "outcomes", "sessions"),
+    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
+         ("own_url", "outcomes", "sessions", "envelope"),
          "the SDK's per-request signature check: own_url adds the URL check, outcomes records each verdict "
-         "(two declared layers), sessions calls it for /session/*"),
+         "(two declared layers), sessions calls it for /session/*, envelope before the payload is parsed"),
     Hook("call_backend", "Backend", "_Backend__call_backend", "wrap", ("forward", "limits", "engine_close"),
          "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
          "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
@@ -82,15 +83,15 @@ HOOKS: tuple[Hook, ...] = (
          "the platform's public key the SDK checks signatures with: set by pubkey_retry, read by outcomes"),
     Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
-    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes"),
+    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes", "envelope"),
          "the Backend's Metrics (status reports, request outcomes)"),
     Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
     Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read", ("not_ready", "report_soon"),
          "set once the benchmark ran: 503 before it, the loaded report right after it"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes",),
-         "queues a refused request's outcome: a forged one counts no load"),
+    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope"),
+         "queues a refused request's outcome: a forged one counts no load (envelope reports its early 401)"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
     Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
@@ -111,9 +112,9 @@ HOOKS: tuple[Hook, ...] = (
          "timeout, startup hooks and the second listener's host"),
     Hook("open_file", BACKEND_MODULE, "open_file", "replace", ("log_tail",),
          "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
-    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes"),
+    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
          "the envelope type the signature check takes"),
-    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope"),
          "a request's outcome, for a refusal the SDK never saw"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
          "the SDK's handlers of each route, to count a refused request's workload", required=False),
