@@ -245,7 +245,7 @@ async def within(awaitable: Awaitable[Any], seconds: float) -> Any:
     return await asyncio.wait_for(awaitable, seconds)
 
 
-# The SDK answers these without a body; the envelope guard gives them one.
+# The SDK answers these without a body; the envelope guard (signed_first.py) gives them one.
 BARE = {401: "the request is not signed for this worker", 410: "the session does not exist",
         429: "the worker's queue is full; retry later", 500: "the engine request failed"}
 
@@ -360,25 +360,6 @@ def not_ready_middleware(web: Any, routes: tuple[str, ...], is_loaded: Callable[
         return await handler(request)
 
     return not_ready
-
-
-def envelope_middleware(web: Any, routes: tuple[str, ...]) -> Any:
-    """422 JSON for an envelope the SDK cannot serve; a JSON body for the SDK's body-less refusals."""
-    @web.middleware
-    async def envelope(request: Any, handler: Any) -> Any:
-        if request.path not in routes:
-            return await handler(request)
-        data, problem = await read_json(request)
-        if problem is None:
-            problem = envelope_error(data)
-        if problem is not None:
-            return error(web, 422, problem)
-        response = await handler(request)
-        if response.status in BARE and not response.prepared and not getattr(response, "body", b"x"):
-            return error(web, response.status, BARE[response.status])
-        return response
-
-    return envelope
 
 
 def sessions_middleware(web: Any, enabled: bool, max_lifetime: float, hosts: set[str],

@@ -27,9 +27,9 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 - outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
   before the model is loaded or while draining) or does not report (its own 422), of an envelope
   signed for this worker, reaches /delete_requests/ as "Rejected", as the SDK's own 401/429 do; and
-  a forged request (its 401 is reported by the SDK) counts no load in rej_load, since its workload is
-  computed from a payload nobody signed. Hooks: `_Backend__check_signature`, `Metrics._request_reject`,
-  the SDK's AuthData and RequestMetrics types.
+  a forged request (its 401 is reported by the envelope guard, or by the SDK without it) counts no
+  load in rej_load, since its workload is computed from a payload nobody signed. Hooks:
+  `_Backend__check_signature`, `Metrics._request_reject`, the SDK's AuthData and RequestMetrics types.
 
 The request rules and middlewares themselves are bakery's HTTP policy in front.py (no SDK there);
 this module wires them, and the hooks, to the SDK through sdk_seam.py.

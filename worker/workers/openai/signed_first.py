@@ -71,9 +71,10 @@ TOO_DEEP = f"the request body nests JSON more than {front.MAX_JSON_DEPTH} levels
 class Envelope:
     """What is read of a body before its signature is checked.
 
-    `problem` is why it is refused with 422, or None. `auth` is auth_data (front.AUTH_FIELDS; cost and
-    endpoint None, unread) once its fields are usable, even when the payload is not; `checkable` is
-    False when its url or signature is too long to be one this worker is signed for. `utf8` is the
+    `problem` is why it is refused with 422, or None. `auth` is auth_data (front.AUTH_FIELDS; a value
+    too long to be read, as cost or endpoint may be, stands as an empty one of its type) once its
+    fields are usable, even when the payload is not; `checkable` is False when its url or signature is
+    too long to be one this worker is signed for. `utf8` is the
     body as UTF-8 (the body itself unless it declared UTF-16/UTF-32).
     """
 
@@ -141,11 +142,9 @@ def read(body: bytes, charset: str | None) -> Envelope:
             raw = getattr(raw_auth, name)
             if raw is msgspec.UNSET:
                 continue  # auth_error names it
-            if not kinds:
-                auth[name] = None  # cost, endpoint: not used by the signature check, never read
-                continue
+            # cost and endpoint (any type, unused by the check) only as far as auth_error judges them
             auth[name], exact = _placeholder(raw, text=str in kinds)
-            checkable = checkable and (exact or not isinstance(auth[name], str))
+            checkable = checkable and (exact or str not in kinds or not isinstance(auth[name], str))
     except (msgspec.DecodeError, UnicodeDecodeError):
         return Envelope(NOT_UTF8)
     problem = front.auth_error(auth, "auth_data")
