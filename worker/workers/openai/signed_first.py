@@ -246,6 +246,7 @@ def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dic
             problem = await parse_problem(found, found.utf8 is body)
             if problem is not None:
                 return front.error(web, 422, problem)
+            del found  # a UTF-16 body's UTF-8 copy is not kept while the request is served
             await let_go.pause()  # and the SDK's parse is a step of its own
             response = await handler(request)
         finally:
