@@ -9,7 +9,9 @@ the upload limit: 96 MiB). Each case POSTs one body whose envelope is signed by 
 not know, and reads the worker process's own counters around it (Linux /proc):
 - peak RSS added: VmHWM after the request less VmRSS before it, the high-water mark reset first
   (`echo 5 > /proc/PID/clear_refs`); the body itself, as aiohttp buffers it, is part of it;
-- CPU: utime + stime of the worker over the request (clock ticks), per MiB of body.
+- CPU: utime + stime of the worker over the request (clock ticks), per MiB of body;
+- VmRSS before includes memory the worker freed and kept from earlier requests, so a body that fits
+  in it shows less than it costs (the figure is what the worker grew by, not what it allocated).
 The targets (issue 21): peak added <= 3x the body, CPU <= 50 ms per MiB. A signed 16 MiB body is
 measured too, as the reference of what a served request costs. The machine's idle CPU share over the
 whole run is printed (other load on the machine inflates the CPU figures). Nothing is asserted.
@@ -108,13 +110,15 @@ def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
 
 
 def measure(pid: int, port: int, path: str, body: bytes) -> tuple[int, int, float]:
-    """(status, peak RSS added in bytes, CPU seconds) of one request."""
+    """(status, peak RSS added in bytes, CPU seconds) of one request. A small body is sent several
+    times in a row (16 MiB in all) and its CPU divided: the kernel counts CPU in 10 ms ticks."""
+    repeat = max(1, 16 * MIB // len(body))
     time.sleep(0.3)  # let the worker settle (status reports, log polling)
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     before, cpu = proc_status(pid)["VmRSS"], cpu_seconds(pid)
-    status, _ = post(port, path, body)
+    statuses = {post(port, path, body)[0] for _ in range(repeat)}
     time.sleep(0.05)
-    return status, proc_status(pid)["VmHWM"] - before, cpu_seconds(pid) - cpu
+    return min(statuses), proc_status(pid)["VmHWM"] - before, (cpu_seconds(pid) - cpu) / repeat
 
 
 def main() -> int:

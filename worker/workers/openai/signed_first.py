@@ -248,8 +248,10 @@ def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dic
                 return front.error(web, 422, problem)
             del found  # a UTF-16 body's UTF-8 copy is not kept while the request is served
             await let_go.pause()  # and the SDK's parse is a step of its own
+            let_go.quiet_collector()  # the SDK parses in this step
             response = await handler(request)
         finally:
+            let_go.thaw()
             let_go.reset(token)
         if response.status in front.BARE and not response.prepared and not getattr(response, "body", b"x"):
             return front.error(web, response.status, front.BARE[response.status])
