@@ -88,6 +88,7 @@ PINS: tuple[Pin, ...] = (
     Pin("anyio", "4.16.0", "SDK: async reading of the model log (anyio.open_file)"),
     Pin("psutil", "7.2.2", "SDK: disk usage in status reports"),
     Pin("pycryptodome", "3.24.1", "SDK: request signature check (Crypto.*), imported at start"),
+    Pin("msgspec", "0.22.0", "bakery: reads auth_data without materialising the payload (signed_first)"),
     Pin("requests", "2.34.2", "SDK: imported by vastai/__init__ (api client, managed endpoints)"),
     Pin("urllib3", "2.8.0", "requests"),
     Pin("certifi", "2026.10.19.post1", "requests"),

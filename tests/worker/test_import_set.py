@@ -87,7 +87,7 @@ def test_worker_modules_import(lean_venv: tuple[str, Path]) -> None:
     loaded = {re.sub(r"[-_.]+", "-", name).lower() for name in json.loads(result.stdout)["loaded"]}
     assert loaded <= locked_names(version)
     # (vastai itself has no top_level.txt, so Python 3.10 cannot map its modules to it)
-    assert {"aiohttp", "anyio", "pycryptodome", "psutil", "requests"} <= loaded
+    assert {"aiohttp", "anyio", "pycryptodome", "psutil", "requests", "msgspec"} <= loaded
     if version >= "3.12":
         assert "setuptools" in loaded  # distutils, for vastai's backend module
 

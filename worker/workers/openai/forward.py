@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from workers.openai import sdk_seam
+from workers.openai import let_go, sdk_seam
 
 HEAD_LIMIT = 64 * 1024  # an engine's status line and headers: more is not an HTTP answer we serve
 WRITE_HIGH = 256 * 1024  # a slow client: stop reading the engine above this many bytes unsent ...
@@ -388,6 +388,7 @@ class Pool:
 
     async def post(self, path: str, body: dict[str, Any]) -> Answer:
         """POST `body` as JSON to `path`; returns once the answer's head is in."""
+        await let_go.pause()  # a large request's serialisation is a step of its own, after the SDK's parse
         data = json.dumps(body).encode()
         request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: */*\r\n"
                    f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data

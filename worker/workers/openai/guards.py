@@ -18,8 +18,9 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
   admission.py: the global bounds on buffered body bytes and open connections (503 + Retry-After)
   and no Content-Encoding on requests (415).
 - not_ready: the model routes answer 503 + Retry-After until the SDK marks the model loaded.
-- envelope: a malformed envelope -> 422 JSON (never the SDK's 500), and the SDK's body-less refusals
-  (401/429/500) get a JSON body.
+- envelope: a malformed envelope -> 422 JSON (never the SDK's 500), one not signed for this worker ->
+  401 before anything parses its payload (signed_first.py), and the SDK's body-less refusals
+  (401/429/500) get a JSON body. Hooks: `_Backend__check_signature`, `Metrics._request_reject`.
 - pubkey_retry: the public key is fetched until it loads, with bounded backoff; the worker reports
   itself loaded only once it has the key; then it is fetched again periodically and on a run of
   signature failures, rate-limited (key_rotation.py). Hooks: `_fetch_pubkey`,
@@ -30,9 +31,9 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
 - outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
   before the model is loaded or while draining) or does not report (its own 422), of an envelope
   signed for this worker, reaches /delete_requests/ as "Rejected", as the SDK's own 401/429 do; and
-  a forged request (its 401 is reported by the SDK) counts no load in rej_load, since its workload is
-  computed from a payload nobody signed. Hooks: `_Backend__check_signature`, `Metrics._request_reject`,
-  the SDK's AuthData and RequestMetrics types.
+  a forged request (its 401 is reported by the envelope guard, or by the SDK without it) counts no
+  load in rej_load, since its workload is computed from a payload nobody signed. Hooks:
+  `_Backend__check_signature`, `Metrics._request_reject`, the SDK's AuthData and RequestMetrics types.
 
 The request rules and middlewares themselves are bakery's HTTP policy in front.py (no SDK there);
 this module wires them, and the hooks, to the SDK through sdk_seam.py.
@@ -312,7 +313,25 @@ def _install_not_ready(ctx: Context, web: Any) -> None:
 
 
 def _install_envelope(ctx: Context, web: Any) -> None:
-    ctx.middlewares.append((RANK["envelope"], front.envelope_middleware(web, ctx.routes)))
+    from workers.openai import signed_first  # msgspec: the worker venv's
+
+    _, auth_cls = sdk_seam.module_hook("auth_data", "guard envelope")
+    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard envelope")
+    backend = ctx.backend
+    _hook(backend, "check_signature", "envelope")  # as a request meets it (own_url, outcomes may wrap it)
+    metrics = _hook(backend, "metrics", "envelope")
+    _hook(metrics, "request_reject", "envelope")
+
+    def verify(auth: dict[str, Any]) -> bool:
+        return sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth))
+
+    def reject(auth: dict[str, Any]) -> None:
+        # As the SDK reports its own 401, with no load: nobody signed the payload.
+        sdk_seam.get(metrics, "request_reject")(metrics_cls(
+            request_idx=auth["request_idx"], reqnum=auth["reqnum"], workload=0.0, status="Created",
+            entered_queue_at=time.time()))
+
+    ctx.middlewares.append((RANK["envelope"], signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
@@ -403,6 +422,8 @@ _SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.Context
 
 
 def _install_outcomes(ctx: Context, web: Any) -> None:
+    from workers.openai import signed_first  # msgspec: the worker venv's
+
     _, auth_cls = sdk_seam.module_hook("auth_data", "guard outcomes")
     _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard outcomes")
     backend = ctx.backend
@@ -439,15 +460,18 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
             return None  # no key yet: no signature can be checked
         try:
-            data, error = await front.within(front.read_json(request), REFUSAL_READ_SECONDS)
+            body = await front.within(request.read(), REFUSAL_READ_SECONDS)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 (too slow, too large, cut: an unread body names no request)
             return None
-        auth = data.get("auth_data") if error is None and isinstance(data, dict) else None
-        if not isinstance(auth, dict) or auth_error(auth, "auth_data"):
+        # Signed first: the payload is parsed (for its workload) only once the signature holds.
+        found = signed_first.read(body, request.charset)
+        if found.auth is None or not found.checkable or \
+                not sdk_seam.check_signature(backend, auth_cls.from_json_msg(found.auth)):
             return None
-        return data if sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth)) else None
+        data, error = await front.read_json(request)
+        return data if error is None and isinstance(data, dict) else {"auth_data": found.auth}
 
     @web.middleware
     async def outcomes(request: Any, handler: Any) -> Any:

@@ -66,10 +66,10 @@ class Hook:
 
 HOOKS: tuple[Hook, ...] = (
     Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
-         ("own_url", "pubkey_retry", "outcomes", "sessions"),
+         ("own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
          "the SDK's per-request signature check: own_url adds the URL check, pubkey_retry counts failures "
          "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
-         "sessions calls it for /session/*"),
+         "sessions calls it for /session/*, envelope before the payload is parsed"),
     Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
          ("forward", "limits", "engine_close", "references"),
          "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
@@ -91,7 +91,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
     Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes",
-                                                   "late_errors"),
+                                                   "late_errors", "envelope"),
          "the Backend's Metrics (status reports, request outcomes)"),
     Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
     Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read",
@@ -101,8 +101,8 @@ HOOKS: tuple[Hook, ...] = (
          "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes",),
-         "queues a refused request's outcome: a forged one counts no load"),
+    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope"),
+         "queues a refused request's outcome: a forged one counts no load (envelope reports its early 401)"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
     Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
@@ -127,9 +127,9 @@ HOOKS: tuple[Hook, ...] = (
          "timeout, startup hooks and the second listener's host"),
     Hook("open_file", BACKEND_MODULE, "open_file", "replace", ("log_tail",),
          "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
-    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes"),
+    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
          "the envelope type the signature check takes"),
-    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope"),
          "a request's outcome, for a refusal the SDK never saw"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
          "the SDK's handlers of each route, to count a refused request's workload", required=False),

@@ -1,0 +1,260 @@
+"""Signed first: an envelope's signature is checked before any work that costs more than reading its
+body once, and only a signed envelope is parsed whole (once, by the SDK).
+
+The SDK parses the whole body, builds the payload (an upload route base64-decodes every upload) and
+counts its workload before it checks the signature; bakery's envelope guard parsed it once more
+before that. An unsigned 16 MiB body of `{}` items cost ~800 MiB and 1.7 s of the event loop, a deep
+one 1.5 GB and 23 s (bench/unsigned_bench.py). Here the body is first read with msgspec into the few
+top-level fields the envelope has, each kept as raw JSON text (`msgspec.Raw`): the whole text is
+validated, nothing of the payload is materialised, other keys are skipped. The auth_data fields the
+signature check needs are decoded from their raw text, bounded; the envelope's shape is judged (422,
+as envelope_error would); the signature is checked with the SDK's own check (every guard's layer);
+an envelope not signed for this worker is refused with 401 and reported as the SDK reports its own
+401 (no load). Only then are the checks that make the SDK's one parse safe run (strict UTF-8,
+nesting, integer literal length), each a pass over the body at C speed with the event loop let go
+between them (let_go.py), and the request reaches the SDK.
+
+What this reader refuses that Python's json accepted: NaN and Infinity, and lone UTF-16 surrogate
+escapes (`"\\ud800"`): neither is JSON (RFC 8259), and an attacker could use either to make the
+worker fall back to a materialising parse. auth_data's url and signature longer than AUTH_TEXT_LIMIT
+are taken as not signed (the platform signs its worker URL: tens of bytes).
+
+Imports msgspec (the worker venv's); front.py is the HTTP policy it shares (errors, charsets, depth).
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from workers.openai import front, let_go
+
+AUTH_TEXT_LIMIT = 16 * 1024  # raw bytes of auth_data.url / .signature read; longer is not signed
+_NUMBER_TEXT = 24  # an integer of 64 bits is at most 20 characters: longer is out of range, not read
+_UTF8_SLICE = 1024 * 1024  # the UTF-8 check decodes this much at a time: the text is never held whole
+
+
+class _Top(msgspec.Struct):
+    """The envelope's own fields, raw; any other key is skipped, not materialised."""
+
+    auth_data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    payload: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    session_id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Auth(msgspec.Struct):
+    """auth_data's fields (front.AUTH_FIELDS), raw."""
+
+    cost: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    endpoint: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    reqnum: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    request_idx: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    signature: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    url: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+_TOP = msgspec.json.Decoder(_Top)
+_AUTH = msgspec.json.Decoder(_Auth)
+_TEXT = msgspec.json.Decoder(str)
+NOT_JSON = "the request body is not valid JSON"
+NOT_UTF8 = "the request body is not valid UTF-8 (or UTF-16/UTF-32 as declared)"
+TOO_DEEP = f"the request body nests JSON more than {front.MAX_JSON_DEPTH} levels deep"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What is read of a body before its signature is checked.
+
+    `problem` is why it is refused with 422, or None. `auth` is auth_data (front.AUTH_FIELDS; a value
+    too long to be read, as cost or endpoint may be, stands as an empty one of its type) once its
+    fields are usable, even when the payload is not; `checkable` is False when its url or signature is
+    too long to be one this worker is signed for. `utf8` is the
+    body as UTF-8 (the body itself unless it declared UTF-16/UTF-32).
+    """
+
+    problem: str | None
+    auth: dict[str, Any] | None = None
+    checkable: bool = True
+    utf8: bytes = b""
+
+
+def _head(raw: msgspec.Raw) -> bytes:
+    """The first byte of a raw JSON value: its type."""
+    return bytes(memoryview(raw)[:1])
+
+
+def _placeholder(raw: msgspec.Raw, text: bool) -> tuple[Any, bool]:
+    """(a value of the JSON type `raw` holds, whether it is the value itself): numbers and strings
+    are decoded when short (strings up to AUTH_TEXT_LIMIT when `text`), anything else only typed
+    (never copied: an attacker's 16 MiB `reqnum` is not read)."""
+    head, size = _head(raw), len(memoryview(raw))
+    if head == b'"':
+        if size > (AUTH_TEXT_LIMIT if text else _NUMBER_TEXT):
+            return "", False
+        return _TEXT.decode(raw), True
+    if head in (b"-", b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9"):
+        if size > _NUMBER_TEXT:
+            return front.INT64_MAX + 1, False  # refused: "must fit a 64-bit integer" (or a float)
+        data = bytes(raw)
+        if b"." in data or b"e" in data or b"E" in data:
+            return 0.0, False  # a float: refused as "must be an integer"
+        return int(data), True
+    return {b"t": True, b"f": False, b"n": None, b"[": [], b"{": {}}.get(head), False
+
+
+def read(body: bytes, charset: str | None) -> Envelope:
+    """The envelope in `body` (declared in `charset`), read without materialising its payload."""
+    codec, refused = front.json_codec(charset)
+    if refused:
+        return Envelope(refused)
+    utf8 = body
+    if codec != "utf-8":  # UTF-16/32, declared: the reader takes UTF-8 (at most 1.5x the body)
+        try:
+            utf8 = body.decode(codec).encode("utf-8")
+        except UnicodeError:
+            return Envelope(NOT_UTF8)
+    try:
+        top = _TOP.decode(utf8)
+    except msgspec.ValidationError:
+        return Envelope(front.envelope_error(None))
+    except RecursionError:  # msgspec stops at the interpreter's recursion limit, far above ours
+        return Envelope(TOO_DEEP)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return Envelope(NOT_JSON)
+    if top.auth_data is msgspec.UNSET:
+        return Envelope("auth_data is missing")
+    try:
+        raw_auth = _AUTH.decode(top.auth_data)
+    except msgspec.ValidationError:
+        return Envelope("auth_data must be a JSON object")
+    except UnicodeDecodeError:
+        return Envelope(NOT_UTF8)
+    auth: dict[str, Any] = {}
+    checkable = True
+    try:
+        for name, kinds in front.AUTH_FIELDS.items():
+            raw = getattr(raw_auth, name)
+            if raw is msgspec.UNSET:
+                continue  # auth_error names it
+            # cost and endpoint (any type, unused by the check) only as far as auth_error judges them
+            auth[name], exact = _placeholder(raw, text=str in kinds)
+            checkable = checkable and (exact or str not in kinds or not isinstance(auth[name], str))
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return Envelope(NOT_UTF8)
+    problem = front.auth_error(auth, "auth_data")
+    if problem:
+        return Envelope(problem)
+    if top.payload is msgspec.UNSET:
+        problem = "payload is missing"
+    elif _head(top.payload) != b"{":
+        problem = "payload must be a JSON object"
+    elif top.session_id is not msgspec.UNSET and _head(top.session_id) not in (b'"', b"n"):
+        problem = "session_id must be a string"
+    return Envelope(problem, auth, checkable, utf8)
+
+
+# ------------------------------------------------------------------------ what the SDK's parse needs
+
+_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+_ZEROS = re.compile(b"0*")
+# The same strings as front's depth check skips; a string's digits are no number.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def long_integer(body: bytes) -> bool:
+    """Whether the JSON text `body` holds an integer literal longer than Python's int() converts
+    (sys.get_int_max_str_digits(): json.loads raises ValueError, which the SDK answers with a 500).
+    A C-speed search for a run of that many digits; only when there is one, each such run outside
+    strings is looked at (no regex backtracks over it: a million digits cost one scan)."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    needle = b"0" * (limit + 1)
+    if not limit or needle not in body.translate(_DIGITS):
+        return False
+    outside = _JSON_STRING.sub(b'""', body)
+    digits = outside.translate(_DIGITS)
+    at = digits.find(needle)
+    while at >= 0:
+        end = _ZEROS.match(digits, at).end()  # type: ignore[union-attr] (always matches)
+        before = outside[max(0, at - 2):at]
+        # A fraction ("1.5"), an exponent ("1e5", "1e-5", "1e+5"): a float, which json reads at any length.
+        fraction = before[-1:] in (b".", b"e", b"E", b"+") or before in (b"e-", b"E-")
+        if not fraction and outside[end:end + 1] not in (b".", b"e", b"E"):
+            return True
+        at = digits.find(needle, end)
+    return False
+
+
+def utf8_error(body: bytes) -> bool:
+    """Whether `body` is not strict UTF-8 (as aiohttp's request.text() decodes it), checked a slice
+    at a time so that the text is never held whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(body)
+    try:
+        for start in range(0, len(body), _UTF8_SLICE):
+            decoder.decode(view[start:start + _UTF8_SLICE])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+async def parse_problem(envelope: Envelope, declared_utf8: bool) -> str | None:
+    """Why the SDK's one parse of a signed envelope would fail otherwise than with its own 422
+    (a 500 with a traceback), or None. The event loop is let go between the passes (let_go)."""
+    body = envelope.utf8
+    if declared_utf8 and utf8_error(body):
+        return NOT_UTF8
+    await let_go.pause()
+    deep = front.depth_error(body)
+    if deep:
+        return deep
+    await let_go.pause()
+    if long_integer(body):
+        return f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits"
+    return None
+
+
+# ------------------------------------------------------------------------ the middleware
+
+
+def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dict[str, Any]], bool],
+                        reject: Callable[[dict[str, Any]], None]) -> Any:
+    """The envelope guard: 422 JSON for an envelope the SDK cannot serve, 401 JSON (reported with
+    `reject`) for one `verify` (the SDK's signature check) refuses, both before anything parses the
+    payload; a JSON body for the SDK's body-less refusals."""
+    @web.middleware
+    async def envelope(request: Any, handler: Any) -> Any:
+        if request.path not in routes:
+            return await handler(request)
+        body = await request.read()
+        found = read(body, request.charset)
+        if found.problem is not None:
+            return front.error(web, 422, found.problem)
+        assert found.auth is not None
+        if not (found.checkable and verify(found.auth)):
+            reject(found.auth)
+            return front.error(web, 401, front.BARE[401])
+        token = let_go.mark(len(body))  # the SDK's engine-call task inherits it (forward pauses too)
+        try:
+            await let_go.pause()  # the passes below cost a few times reading the body: others go first
+            problem = await parse_problem(found, found.utf8 is body)
+            if problem is not None:
+                return front.error(web, 422, problem)
+            del found  # a UTF-16 body's UTF-8 copy is not kept while the request is served
+            await let_go.pause()  # and the SDK's parse is a step of its own
+            let_go.quiet_collector()  # the SDK parses in this step
+            response = await handler(request)
+        finally:
+            let_go.thaw()
+            let_go.reset(token)
+        if response.status in front.BARE and not response.prepared and not getattr(response, "body", b"x"):
+            return front.error(web, response.status, front.BARE[response.status])
+        return response
+
+    return envelope
