@@ -17,7 +17,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 DOCKER_GROUP = "docker"
 # What talks to the Docker engine: the image tests and the base-image tests.
-DOCKER_TESTS = (TESTS / "image", TESTS / "bases" / "test_images.py")
+DOCKER_TESTS = (TESTS / "image", TESTS / "bases" / "test_images.py", TESTS / "bases" / "test_vllm_differential.py")
 
 
 def uses_docker(path: Path) -> bool:

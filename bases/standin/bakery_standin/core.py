@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from email.message import Message
 from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from bakery_standin.steps import Steps
 
@@ -292,16 +292,18 @@ def message_text(messages: list[Any]) -> str:
 
 
 class RequestError(Exception):
-    """An OpenAI-style error answer: status code and message."""
+    """An OpenAI-style error answer: status code, message, type and the parameter it is about."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.param = param
 
 
-def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
-    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    """The flat error object (SGLang's; vLLM nests it, see VllmProfile.error_body)."""
+    return {"object": "error", "message": message, "type": kind, "param": param, "code": status}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -437,6 +439,39 @@ class EngineProfile:
     default_fail_reason = "RuntimeError: stand-in failure"
     default_warmup_reason = "RuntimeError: stand-in warm-up failure"
     default_crash_reason = "RuntimeError: stand-in crash"
+    # The answers' shape where engines differ (the vLLM profile is held to the real vLLM by
+    # tests/bases/test_vllm_differential.py): fields always sent as null, by where they go
+    # ("completion", "chat", "text_choice", "chat_choice", "message", "usage", "first_chunk",
+    # "chat_chunk_choice", "text_chunk_choice", "chat_finish_choice", "text_finish_choice"); whether
+    # every chunk carries system_fingerprint (else only the usage chunk); what a chat's finish chunk's delta holds.
+    answer_nulls: ClassVar[dict[str, tuple[str, ...]]] = {}
+    fingerprint_in_chunks = True
+    finish_delta_content: str | None = None
+    # A body that is not JSON, and a missing field: the error type and the parameter named.
+    validation_kind = "BadRequestError"
+
+    def error_body(self, status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
+        """The body of an error answer."""
+        return error_body(status, message, kind, param)
+
+    def invalid_json(self, raw: bytes, exc: ValueError) -> RequestError:
+        """The error for a body that does not parse as JSON."""
+        return RequestError(400, "request body is not valid JSON")
+
+    def missing_field(self, name: str) -> RequestError:
+        """The error for a required field left out."""
+        return RequestError(400, f"{name} must be a non-empty list.")
+
+    def model_card_extra(self, cfg: ServeConfig) -> dict[str, Any]:
+        """Fields of /v1/models' card beyond the common ones."""
+        return {}
+
+    def check_max_tokens(self, max_tokens: int | None, max_model_len: int) -> None:
+        """Refuse a max_tokens the engine refuses on its own, before the context check (none here)."""
+
+    def nulls(self, where: str) -> dict[str, None]:
+        """The always-null fields of one part of an answer."""
+        return dict.fromkeys(self.answer_nulls.get(where, ()))
 
     def parse(self, argv: list[str]) -> ServeConfig:
         raise NotImplementedError
@@ -531,16 +566,17 @@ class Handler(BaseHTTPRequestHandler):
     def send_empty(self, status: int) -> None:
         self.send_head(status, "application/json", 0)
 
-    def send_error_json(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        self.send_json(status, error_body(status, message, kind))
+    def send_error_json(self, status: int, message: str, kind: str = "BadRequestError",
+                        param: str | None = None) -> None:
+        self.send_json(status, self.server.profile.error_body(status, message, kind, param))
 
     def read_json(self) -> dict[str, Any]:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
             body = json.loads(raw or b"null")
-        except ValueError:
-            raise RequestError(400, "request body is not valid JSON") from None
+        except ValueError as exc:
+            raise self.server.profile.invalid_json(raw, exc) from None
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         return body
@@ -596,7 +632,7 @@ class Handler(BaseHTTPRequestHandler):
                                    self.server.opts.record)
             handler(self, body)
         except RequestError as exc:
-            self.send_error_json(exc.status, str(exc), exc.kind)
+            self.send_error_json(exc.status, str(exc), exc.kind, exc.param)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
@@ -617,7 +653,7 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model")
         cfg = self.server.cfg
         if model and model not in (cfg.served_name, cfg.model):
-            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
 
 def _health(h: Handler, _body: dict[str, Any]) -> None:
@@ -630,7 +666,7 @@ def _models(h: Handler, _body: dict[str, Any]) -> None:
     h.send_json(200, {"object": "list", "data": [{
         "id": cfg.served_name, "object": "model", "created": int(time.time()),
         "owned_by": h.server.profile.owned_by, "root": cfg.model, "parent": None,
-        "max_model_len": cfg.max_model_len,
+        "max_model_len": cfg.max_model_len, **h.server.profile.model_card_extra(cfg),
     }]})
 
 
@@ -658,6 +694,7 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     cfg, opts, profile = h.server.cfg, h.server.opts, h.server.profile
     full = opts.reply_tokens
     count = min(full, max_tokens) if max_tokens else full
+    profile.check_max_tokens(max_tokens, cfg.max_model_len)
     if prompt_tokens + (max_tokens or count) > cfg.max_model_len:
         raise RequestError(400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
                            f"However, you requested {prompt_tokens + (max_tokens or count)} tokens "
@@ -671,6 +708,7 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     created = int(time.time())
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     obj = "chat.completion" if kind == "chat" else "text_completion"
+    kind_name = "chat" if kind == "chat" else "completion"
     fingerprint = f"{profile.name}-{profile.version}"
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count * n,
              "total_tokens": prompt_tokens + count * n}
@@ -681,38 +719,45 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
         for i, tokens in enumerate(choices):
             text = "".join(tokens)
             if kind == "chat":
-                out.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "logprobs": None, "finish_reason": finish})
+                out.append({"index": i, "message": {"role": "assistant", "content": text, **profile.nulls("message")},
+                            "logprobs": None, "finish_reason": finish, **profile.nulls("chat_choice")})
             else:
-                out.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+                out.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish,
+                            **profile.nulls("text_choice")})
         h.send_json(200, {"id": rid, "object": obj, "created": created, "model": cfg.served_name,
-                          "system_fingerprint": fingerprint, "choices": out, "usage": usage})
+                          "system_fingerprint": fingerprint, "choices": out,
+                          "usage": {**usage, **profile.nulls("usage")}, **profile.nulls(kind_name)})
         return
     h.send_head(200, "text/event-stream; charset=utf-8", None)
     obj += ".chunk" if kind == "chat" else ""
     head = {"id": rid, "object": obj, "created": created, "model": cfg.served_name,
-            "system_fingerprint": fingerprint}
+            **({"system_fingerprint": fingerprint} if profile.fingerprint_in_chunks else {})}
 
     def choice(i: int, piece: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+        part = "chat" if kind == "chat" else "text"
+        extra = {} if role else profile.nulls(f"{part}_finish_choice" if reason else f"{part}_chunk_choice")
         if kind == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
+            if reason is not None and piece is None:
+                piece = profile.finish_delta_content
             if piece is not None:
                 delta["content"] = piece
-            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {"index": i, "text": piece or "", "logprobs": None, "finish_reason": reason}
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason, **extra}
+        return {"index": i, "text": piece or "", "logprobs": None, "finish_reason": reason, **extra}
 
     # (event, whether the token delay comes before it): one delay per generated token step.
     events: list[tuple[Any, bool]] = []
     if kind == "chat":
-        events += [({**head, "choices": [choice(i, "", None, role=True)]}, False) for i in range(n)]
+        events += [({**head, "choices": [choice(i, "", None, role=True)], **profile.nulls("first_chunk")}, False)
+                   for i in range(n)]
     for step in range(count):
         events += [({**head, "choices": [choice(i, tokens[step], None)]}, i == 0) for i, tokens in enumerate(choices)]
     events += [({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False) for i in range(n)]
     options = body.get("stream_options") or {}
     if isinstance(options, dict) and options.get("include_usage"):
-        events.append(({**head, "choices": [], "usage": usage}, False))
+        events.append(({**head, "system_fingerprint": fingerprint, "choices": [], "usage": usage}, False))
     events.append(("[DONE]", False))
     _stream(h, events, seed)
 
@@ -761,6 +806,8 @@ def _chat(h: Handler, body: dict[str, Any]) -> None:
     h.require_ready()
     h.check_model(body)
     messages = body.get("messages")
+    if "messages" not in body:
+        raise h.server.profile.missing_field("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "messages must be a non-empty list.")
     text = message_text(messages)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from bakery_standin import STANDIN_LABEL, VLLM_VERSION
 from bakery_standin.api import VLLM_ROUTES
@@ -26,6 +27,7 @@ from bakery_standin.core import (
     Flag,
     Handler,
     Options,
+    RequestError,
     ServeConfig,
     UsageError,
     emit,
@@ -102,6 +104,53 @@ class VllmProfile(EngineProfile):
     display = "vLLM"
     version = VERSION
     owned_by = "vllm"
+    # The real vLLM's answers (0.32.0 here, measured by tests/bases/test_vllm_differential.py): these
+    # fields are always there, null when nothing asked for them.
+    answer_nulls: ClassVar[dict[str, tuple[str, ...]]] = {
+        "completion": ("ec_transfer_params", "kv_transfer_params", "metrics", "service_tier"),
+        "chat": ("ec_transfer_params", "kv_transfer_params", "metrics", "prompt_logprobs", "prompt_text",
+                 "prompt_token_ids", "service_tier"),
+        "text_choice": ("prompt_logprobs", "prompt_token_ids", "routed_experts", "stop_reason", "token_ids"),
+        "chat_choice": ("routed_experts", "stop_reason", "token_ids"),
+        "message": ("annotations", "audio", "function_call", "reasoning", "refusal"),
+        "usage": ("completion_tokens_details", "prompt_tokens_details"),
+        "first_chunk": ("prompt_text", "prompt_token_ids"),
+        "chat_chunk_choice": ("token_ids",),
+        "text_chunk_choice": ("prompt_token_ids", "stop_reason", "token_ids"),
+        "chat_finish_choice": ("stop_reason", "token_ids"),
+        "text_finish_choice": ("prompt_token_ids", "stop_reason", "token_ids"),
+    }
+    fingerprint_in_chunks = False  # only the usage chunk carries it
+    finish_delta_content = ""  # a chat's finish chunk has content "", not an empty delta
+
+    def error_body(self, status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
+        # vLLM's ErrorResponse: the error object nested under "error".
+        return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+    def invalid_json(self, raw: bytes, exc: ValueError) -> RequestError:
+        # FastAPI's request validation, as vLLM words it: pydantic's error list, type "Bad Request".
+        pos = getattr(exc, "pos", 0)
+        return RequestError(400, "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body." + str(pos)
+                            + "', 'msg': 'JSON decode error', 'input': '<dict of 0 items>', "
+                            "'ctx': {'error': 'Expecting value'}}", "Bad Request", f"body.{pos}")
+
+    def missing_field(self, name: str) -> RequestError:
+        return RequestError(400, "1 validation error:\n  {'type': 'missing', 'loc': 'body." + name
+                            + "', 'msg': 'Field required', 'input': '<dict of 1 items>'}", "Bad Request",
+                            f"body.{name}")
+
+    def check_max_tokens(self, max_tokens: int | None, max_model_len: int) -> None:
+        if max_tokens is not None and max_tokens > max_model_len:
+            raise RequestError(400, f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+                               f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                               "BadRequestError", "max_tokens")
+
+    def model_card_extra(self, cfg: ServeConfig) -> dict[str, Any]:
+        return {"permission": [{
+            "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": int(time.time()),
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+            "organization": "*", "group": None, "is_blocking": False}]}
     bind_early = True
     listen_before_ready = False
     warmup_default = 0.0
