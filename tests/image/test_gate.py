@@ -177,7 +177,8 @@ def test_engine_runs_alone_without_serverless(image: ImageUnderTest, containers:
     env = serverless_env(image.spec)
     env.pop("SERVERLESS")
     launched = containers.launch(image, env, "ondemand", controlplane=False)
-    assert launched.wait_for(lambda: launched.host.socket("tcp://127.0.0.1:18000").is_listening, 60), \
+    # READY_TIMEOUT: vLLM binds its port only once its model is loaded (~60 s here, more when busy).
+    assert launched.wait_for(lambda: launched.host.socket("tcp://127.0.0.1:18000").is_listening, READY_TIMEOUT), \
         f"the engine did not start without SERVERLESS:\n{launched.logs()[-2000:]}"
     assert not launched.host.socket("tcp://0.0.0.0:3000").is_listening, "a worker started without SERVERLESS=true"
     assert "Using worker backend" not in launched.logs()
@@ -199,7 +200,7 @@ def test_sigterm_stops_both_and_reboot_rotates_model_log(image: ImageUnderTest, 
     launched._ready = None
     log = image.expected_env["MODEL_LOG"]
     load_lines = json.loads(image.expected_env["MODEL_LOAD_LOG_MSG"])
-    assert launched.wait_for(lambda: any(line in launched.file_text(log) for line in load_lines), 60)
+    assert launched.wait_for(lambda: any(line in launched.file_text(log) for line in load_lines), READY_TIMEOUT)
     previous = launched.file_text(log + ".1")
     assert any(line in previous for line in load_lines), "the previous boot's log was not kept as MODEL_LOG.1"
     current = launched.file_text(log)

