@@ -268,6 +268,62 @@ def test_query_strings_not_logged(serverless: Launched) -> None:
     assert not leaked, f"a log line prints the query string: {leaked[:3]}"
 
 
+# Each a check an image can break (issue 21): its worker is the one that must refuse.
+# As punycode, seconds of the event loop to decode (quadratic). 90 KB: the probe's case travels as one
+# argument of `docker exec`, whose limit is 128 KiB (base64 makes it 120 KB).
+CHARSET_BODY = b"a" * 90_000 + b"-" + b"b" * 10
+CHARSET_BOUND = 20.0  # seconds for the refusal and a request after it, docker exec included
+
+
+@pytest.mark.serve
+def test_declared_charset_refused_before_decoding(serverless: Launched) -> None:
+    # A body declared in a charset JSON is not written in is refused unread, saying why: Python's
+    # punycode decoder is quadratic (120 KB held the worker's only event loop 4-9 s).
+    _ready(serverless)
+    started = time.monotonic()
+    results = serverless.probe([
+        {"name": "punycode", "raw_b64": _b64(CHARSET_BODY),
+         "headers": {"Content-Type": "application/json; charset=punycode"}},
+        {"name": "after it", "payload": COMPLETION, "request_idx": 721}])
+    elapsed = time.monotonic() - started
+    refused, after = results["punycode"], results["after it"]
+    assert refused["status"] in (415, 422) and isinstance(refused["json"], dict) and \
+        "charset" in json.dumps(refused["json"]), f"a punycode body was not refused as such: {refused}"
+    assert after["status"] == 200, f"the request after it was not served: {_summary(results)}"
+    assert elapsed < CHARSET_BOUND, f"the refusal and the next request took {elapsed:.1f} s"
+
+
+@pytest.mark.serve
+def test_reference_to_an_internal_address_refused(serverless: Launched) -> None:
+    # The default chat route: an image URL at the cloud metadata address never reaches the engine
+    # (which would fetch it from inside the instance); 422 names the field.
+    _ready(serverless)
+    payload = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Describe it."},
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]}],
+        "max_tokens": 4}
+    result = serverless.probe([{"name": "metadata", "route": "/v1/chat/completions", "payload": payload,
+                                "request_idx": 722}])["metadata"]
+    assert result["status"] == 422, f"a signed reference to 169.254.169.254 was not refused: {result}"
+    assert "image_url" in json.dumps(result["json"]), f"the refusal does not name the field: {result}"
+
+
+@pytest.mark.serve
+def test_caller_text_is_escaped_in_the_log(serverless: Launched) -> None:
+    # A header value with terminal escape codes, on a refused request (its access line is kept): the
+    # log shows it escaped, never raw.
+    _ready(serverless)
+    marker = f"gate-escape-{uuid.uuid4().hex[:8]}"
+    serverless.probe([{"name": "hostile agent", "signature": "other-key", "request_idx": 723,
+                       "headers": {"User-Agent": f"{marker}\x1b[2J\x07\x1b]0;title\x07"}}])
+    assert serverless.wait_for(lambda: marker in serverless.logs(), 10, 0.3), \
+        f"no log line carries the request's User-Agent ({marker}): the access line of a refusal must stay"
+    lines = [line for line in serverless.logs().splitlines() if marker in line]
+    raw = [line for line in lines if "\x1b" in line or "\x07" in line]
+    assert not raw, f"a log line prints a caller's escape codes raw: {[repr(line) for line in raw[:3]]}"
+    assert any("\\x1b" in line for line in lines), f"the escape codes are not shown escaped: {lines[:3]}"
+
+
 @pytest.mark.serve
 def test_oversized_body_refused_413(serverless: Launched) -> None:
     _ready(serverless)
