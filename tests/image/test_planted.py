@@ -146,7 +146,9 @@ GUARD_CATCHERS = {
     "pubkey_retry": {"test_key_served_late_is_picked_up"},
     "log_hygiene": {"test_query_strings_not_logged"},
     "http_listener": {"test_only_worker_port_listens_outside"},
-    "outcomes": {"test_request_outcomes_reported", "test_forged_requests_add_no_load"},
+    # Forged requests add no load without it too since signed_first (the envelope guard) reports an
+    # unsigned request as Rejected with no load itself (fresh run M, 0a6fead: the planted run showed it).
+    "outcomes": {"test_request_outcomes_reported"},
 }
 
 
