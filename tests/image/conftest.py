@@ -317,9 +317,11 @@ class SideLaunches:
 
     def start_all(self, also: str | None = None) -> None:
         """Start every wanted side launch (and `also`) not started yet (only `also` on a bounded base)."""
-        names = {also} if self.bounded else self.wanted
-        for name in sorted(names | ({also} if also else set())):
-            if name and name not in self.started:
+        names = set() if self.bounded else set(self.wanted)
+        if also:
+            names.add(also)
+        for name in sorted(names):
+            if name not in self.started:
                 env, options = side_launch(self.image.spec, name)
                 launched = self.registry.launch(self.image, env, name, **options)
                 self.started[name] = launched
