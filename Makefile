@@ -20,7 +20,7 @@ images: setup
 	$(PY) build.py --all --local
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

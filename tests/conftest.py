@@ -1,15 +1,20 @@
 """How `make test` spreads the suite over two processes (pytest-xdist, `-n 2 --dist loadgroup`).
 
 Every test that talks to the Docker engine shares one group, so they run one after another in one
-process, exactly as in a serial run: they build and tag the same images, share the gate's session
-fixtures, and their timings were set for one gate at a time. Every other test module is a group of
-its own (its module fixtures, e.g. a shared worker, are made once), so the host-only tests (the
-worker on loopback, the unit tests) run in the second process meanwhile. A plain `pytest` run,
-without -n, ignores the groups.
+process, exactly as in a serial run: they build and tag the same images and share the gate's session
+fixtures. The one exception is an engine on a heavy local base (spec `base.local_launches`: the real
+vLLM, whose base takes ~10 min to make and whose engine ~45 s to load): its tests (its gate and its
+differential test) are a second Docker group, so its long waits overlap the other engines' gates in
+the other process instead of adding to them. The two groups share no image, tag or container: each
+engine's image, base and launches are its own, and the bases they share are made under a file lock
+(`bakery.bases.make`). Every other test module is a group of its own (its module fixtures, e.g. a
+shared worker, are made once) and runs in whichever process is free. A plain `pytest` run, without
+-n, ignores the groups.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ TESTS = Path(__file__).resolve().parent
 DOCKER_GROUP = "docker"
 # What talks to the Docker engine: the image tests and the base-image tests.
 DOCKER_TESTS = (TESTS / "image", TESTS / "bases" / "test_images.py", TESTS / "bases" / "test_vllm_differential.py")
+# Docker test files about one engine only, and that engine (so they join its group when it is heavy).
+ONE_ENGINE_TESTS = {TESTS / "bases" / "test_vllm_differential.py": "vllm"}
 
 
 def uses_docker(path: Path) -> bool:
@@ -28,9 +35,29 @@ def uses_docker(path: Path) -> bool:
 # tryfirst: xdist's worker turns these marks into the scheduling scope (a nodeid suffix) in its own
 # modifyitems hook, which otherwise runs before this one and sees no mark; every test then becomes
 # its own unit and Docker tests run in both processes at once.
+@functools.cache
+def heavy(engine: str) -> bool:
+    """Whether `engine` (a spec in images/) runs on a heavy local base (spec `base.local_launches`)."""
+    from bakery.errors import InputError
+    from bakery.spec.engine_spec import load_engine
+
+    try:
+        return load_engine(engine).base.local_launches is not None
+    except InputError:  # not an engine of images/ (a test's own name): not heavy
+        return False
+
+
+def group_of(item: pytest.Item) -> str:
+    """The xdist group of one test: its engine's Docker group, the shared Docker group, or its module."""
+    path = Path(str(item.fspath)).resolve()
+    if not uses_docker(path):
+        return str(path.relative_to(TESTS))
+    callspec = getattr(item, "callspec", None)
+    engine = ONE_ENGINE_TESTS.get(path) or (callspec.params.get("engine") if callspec else None)
+    return f"{DOCKER_GROUP}-{engine}" if isinstance(engine, str) and heavy(engine) else DOCKER_GROUP
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = Path(str(item.fspath)).resolve()
-        group = DOCKER_GROUP if uses_docker(path) else str(path.relative_to(TESTS))
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
