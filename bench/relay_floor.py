@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The floor under the worker's CPU per streamed event (issue 24, target 2: <= 15 us per event).
+
+    python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120]
+
+One run, three sides per round, the order rotating: N streamed completions at once from the vLLM
+stand-in (20 ms per token, 64 tokens, as serving_bench.py's `scale` part), (1) straight to the
+engine, (2) through `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll,
+one recv and one send per arrival, no parsing: the least any forwarder can do), and (3) through the
+worker (`UNSECURED=true`, the lean worker venv). For the relay and the worker: CPU time (utime and
+stime from /proc, every process of the tree) per streamed event. The relay's figure is what this
+machine's kernel and one event loop cost per forwarded event; a target below it cannot be met by
+any design that forwards each event as it arrives. Nothing is asserted; it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from serving_bench import (  # noqa: E402
+    MODEL,
+    SCALE_STANDIN,
+    Watch,
+    _num,
+    _outcome,
+    cpu_idle,
+    cpu_model,
+    p50,
+    raise_open_files,
+    say,
+    streamload,
+)
+
+from bakery.host import downloads  # noqa: E402
+from tests.worker.helpers import Harness  # noqa: E402
+
+SIDES = ("direct", "relay", "worker")
+
+
+def build_relay(tmp: Path) -> Path:
+    """Compile bench/relay_floor.c with the host's C compiler; the binary's path."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit("relay_floor: no C compiler (cc/gcc) on this host: install gcc")
+    binary = tmp / "relay_floor"
+    subprocess.run([compiler, "-O2", "-Wall", "-o", str(binary), str(BENCH / "relay_floor.c")], check=True)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--scale-timeout", type=float, default=120.0)
+    args = parser.parse_args()
+    if args.streams < 1 or args.runs < 1:
+        print("relay_floor: --streams and --runs must be positive", file=sys.stderr)
+        return 2
+    say(f"CPU: {cpu_model()}; {raise_open_files()}; load average {os.getloadavg()[0]:.2f}")
+    worker_python = downloads.host_worker_venv() / "bin" / "python"
+    code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
+    pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
+    payload = {"model": MODEL, "prompt": "scale", "stream": True}
+    per_event: dict[str, dict[str, list[float]]] = {s: {"all": [], "user": [], "system": []} for s in SIDES[1:]}
+    eps: dict[str, list[float]] = {s: [] for s in SIDES}
+    with (tempfile.TemporaryDirectory(prefix="bk-relay-floor-") as root,
+          Harness(Path(root), worker_python, pubkey) as harness):
+        tmp = Path(root)
+        relay_bin = build_relay(tmp)
+        engine = harness.standin("vllm", **SCALE_STANDIN)
+        (tmp / "worker").mkdir()
+        with Harness(tmp / "worker", worker_python, pubkey) as per_worker:
+            served = per_worker.serve("vllm", engine, MODEL_NAME=MODEL)
+            relay_port = free_port()
+            # Bounded: the relay exits by itself 60 s after its last connection closed.
+            relay = subprocess.Popen([str(relay_bin), str(relay_port), str(engine.port), "60"],
+                                     stdout=subprocess.PIPE, text=True)
+            try:
+                say(relay.stdout.readline().strip() if relay.stdout else "relay started")
+                idx = 1
+                for i in range(args.runs):
+                    order = SIDES[i % 3:] + SIDES[:i % 3]
+                    say(f"{args.streams} streams, round {i + 1} of {args.runs} (order {', '.join(order)})")
+                    for side in order:
+                        idle = cpu_idle()
+                        port = {"direct": engine.port, "relay": relay_port, "worker": served.port}[side]
+                        pid = {"relay": relay.pid, "worker": served.worker.popen.pid}.get(side)
+                        watch = Watch(pid) if pid else None
+                        result = streamload(port, args.streams, payload, args.scale_timeout,
+                                            idx if side == "worker" else None)
+                        if side == "worker":
+                            idx += args.streams
+                        line = (f"  {side}: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events, "
+                                f"{_num(result['events_per_s'])} events/s")
+                        if result["events_per_s"]:
+                            eps[side].append(result["events_per_s"])
+                        if watch is not None:
+                            watch.stop()
+                            if result["events"]:
+                                n = result["events"]
+                                for key, value in (("all", watch.cpu), ("user", watch.user), ("system", watch.system)):
+                                    per_event[side][key].append(value / n * 1e6)
+                                line += (f"; CPU {watch.cpu:.2f} s (user {watch.user:.2f}, system {watch.system:.2f})"
+                                         f" = {watch.cpu / n * 1e6:.1f} us/event")
+                        say(line)
+            finally:
+                relay.terminate()
+                relay.wait(timeout=10)
+    say(f"medians over {args.runs} round(s), {args.streams} streams x 64 tokens at 20 ms/token:")
+    for side in SIDES:
+        rate = f"events/s {_num(p50(eps[side]) if eps[side] else None)}"
+        if side == "direct":
+            say(f"  direct: {rate}")
+            continue
+        cpu = per_event[side]
+        say(f"  {side}: {rate}; CPU per event {_num(p50(cpu['all']) if cpu['all'] else None)} us (user "
+            f"{_num(p50(cpu['user']) if cpu['user'] else None)}, system "
+            f"{_num(p50(cpu['system']) if cpu['system'] else None)})")
+    if per_event["relay"]["all"] and per_event["worker"]["all"]:
+        floor, ours = p50(per_event["relay"]["all"]), p50(per_event["worker"]["all"])
+        say(f"  worker / floor: {ours / floor:.2f}x; the floor against the 15 us target: {floor / 15:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
