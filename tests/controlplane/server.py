@@ -9,6 +9,8 @@ least those n and then until `lift-hold` (a test that must act before the key is
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import threading
 import time
@@ -22,6 +24,7 @@ RECORDS = "records.jsonl"
 KEY = "key.pem"
 OTHER_KEY = "other.pem"
 WITHHOLD = "withhold"
+WITHHOLD_LOCK = "withhold.lock"  # taken by every process that reads or writes the withhold file
 HOLD = "hold"  # the withhold file's last word while a test holds the key back (lift-hold)
 REPORT_PATHS = ("/worker_status/", "/delete_requests/")
 MAX_BODY = 1 << 20  # the SDK's reports are a few kB; anything bigger is recorded truncated
@@ -32,7 +35,6 @@ class State:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self._lock = threading.Lock()  # the withhold switch
         self._records_lock = threading.Lock()
 
     @property
@@ -47,11 +49,24 @@ class State:
         """A second key the worker never sees: signatures by it must be refused."""
         return signing.load_or_create(self.dir / OTHER_KEY)
 
+    @contextlib.contextmanager
+    def _switch(self) -> Any:
+        """The withhold switch, held across processes: the server's count-down and a CLI's
+        lift-hold are read-modify-writes of one file, and a lift landing between the server's read
+        and write was undone (the key then stayed withheld for good)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with (self.dir / WITHHOLD_LOCK).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def withheld_status(self) -> int | None:
         """The status /pubkey/ answers now while the key is withheld, else None. A withhold limited
         to N answers counts this one and lifts itself after the Nth."""
         path = self.dir / WITHHOLD
-        with self._lock:
+        with self._switch():
             if not path.exists():
                 return None
             fields = path.read_text().split()
@@ -68,14 +83,14 @@ class State:
     def withhold(self, status: int = 503, times: int | None = None, hold: bool = False) -> None:
         """Make /pubkey/ answer `status` until release(), or for the next `times` fetches only; with
         `hold`, for those `times` and then until lift_hold()."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         text = f"{status}" + (f" {times}" if times else "") + (f" {HOLD}" if hold and times else "")
-        (self.dir / WITHHOLD).write_text(text + "\n")
+        with self._switch():
+            (self.dir / WITHHOLD).write_text(text + "\n")
 
     def lift_hold(self) -> None:
         """End a hold: the fetches still counted stay withheld, and then the key is served."""
         path = self.dir / WITHHOLD
-        with self._lock:
+        with self._switch():
             if not path.exists():
                 return
             fields = path.read_text().split()
@@ -88,7 +103,7 @@ class State:
 
     def release(self) -> None:
         """Serve the key from now on."""
-        with self._lock:
+        with self._switch():
             (self.dir / WITHHOLD).unlink(missing_ok=True)
 
     def record(self, entry: dict[str, Any]) -> None:

@@ -167,3 +167,44 @@ def test_bad_input_is_one_line_exit_2(python: str, tmp_path: Path) -> None:
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     result = _cli(python, tmp_path, "envelope", check=False)  # no report yet: no worker URL to sign
     assert result.returncode == 2 and "worker_status" in result.stderr, result.stderr
+
+
+
+# Two State objects on one directory stand for the server and the CLI (two processes in the gate):
+# a thread counts fetches down on one while the other lifts the hold. Prints how many lifts of 200
+# were undone.
+LIFT_RACE = """
+import sys, threading, time
+from pathlib import Path
+from controlplane.server import WITHHOLD, State
+undone = 0
+for trial in range(200):
+    directory = Path(sys.argv[1]) / str(trial)
+    server, cli = State(directory), State(directory)
+    server.withhold(times=1, hold=True)
+    assert server.withheld_status() == 503  # the counted fetch: "503 0 hold" is left
+    stop = threading.Event()
+    def fetch_loop():
+        while not stop.is_set():
+            server.withheld_status()
+    fetching = threading.Thread(target=fetch_loop)
+    fetching.start()
+    time.sleep(0.001)
+    cli.lift_hold()
+    time.sleep(0.001)
+    stop.set()
+    fetching.join(timeout=10)
+    undone += (directory / WITHHOLD).exists()
+print(undone)
+"""
+
+
+def test_a_lift_racing_the_servers_count_down_is_never_undone(python: str, tmp_path: Path) -> None:
+    # The server's count-down and the CLI's lift-hold both read and rewrite one file. Unlocked, a lift
+    # landing between the server's read and write was undone and the key stayed withheld for good (a
+    # CI run's late-key check saw 87 fetches, all 503). The file lock must serialise them.
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    done = subprocess.run([python, "-c", LIFT_RACE, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0", f"{done.stdout.strip()} of 200 lifts were undone by a fetch counted at once"

@@ -249,20 +249,27 @@ SIDE_USERS = {
 
 
 SDK_PUBKEY_TRIES = 5  # vastai 1.9.1 MAX_PUBKEY_FETCH_ATTEMPTS
-EARLY_PROBE_TIMEOUT = 30.0
+# The key stays held until the probe was sent, so waiting longer costs only the late-key check's own
+# time: a fresh CI run whose machine was building the real vLLM base saw the first report after 30 s.
+EARLY_PROBE_TIMEOUT = 120.0
 
 
 def probe_before_ready(launched: Launched) -> dict[str, Any]:
     """One signed request as soon as the worker has reported (so it is reachable and its URL is
-    known), long before it can be ready: its key is withheld."""
-    if not launched.wait_for(lambda: bool(launched.reports()), EARLY_PROBE_TIMEOUT, 0.3):
-        return {"status": None, "error": f"no /worker_status/ report within {EARLY_PROBE_TIMEOUT:.0f} s"}
-    if not launched.wait_for(lambda: launched.host.socket("tcp://0.0.0.0:3000").is_listening, 30, 0.3):
-        return {"status": None, "error": "nothing listens on :3000"}
-    result = launched.probe([{"name": "before ready", "request_idx": 801}])["before ready"]
-    result["key_fetches_before"] = [r.get("status") for r in launched.records("/pubkey/")]
-    launched.lift_hold()  # the key held back until now, however late a busy machine got here
-    return result
+    known), long before it can be ready: its key is withheld. The hold is lifted on every path: a
+    probe that could not be sent must not leave the key withheld for good (the late-key check would
+    then see 503 forever, as a loaded fresh CI run did)."""
+    try:
+        if not launched.wait_for(lambda: bool(launched.reports()), EARLY_PROBE_TIMEOUT, 0.3):
+            return {"status": None, "error": f"no /worker_status/ report within {EARLY_PROBE_TIMEOUT:.0f} s"}
+        if not launched.wait_for(lambda: launched.host.socket("tcp://0.0.0.0:3000").is_listening, 30, 0.3):
+            return {"status": None, "error": "nothing listens on :3000"}
+        result = launched.probe([{"name": "before ready", "request_idx": 801}])["before ready"]
+        result["key_fetches_before"] = [r.get("status") for r in launched.records("/pubkey/")]
+        return result
+    finally:
+        if launched.running():
+            launched.lift_hold()  # the key held back until now, however late a busy machine got here
 
 
 LOADFAIL = "loadfail"
