@@ -21,6 +21,8 @@ from bakery.recipe.render import baked_env
 from bakery.spec import engine_facts
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
 from tests.image.launch import (
+    HEALTH_COMMAND,
+    WORKER_PYTHON,
     Launched,
     gate_model,
     launch,
@@ -266,6 +268,8 @@ def probe_before_ready(launched: Launched) -> dict[str, Any]:
             return {"status": None, "error": "nothing listens on :3000"}
         result = launched.probe([{"name": "before ready", "request_idx": 801}])["before ready"]
         result["key_fetches_before"] = [r.get("status") for r in launched.records("/pubkey/")]
+        health = launched.host.run(f"{WORKER_PYTHON} {HEALTH_COMMAND}")  # the image's HEALTHCHECK, by hand
+        result["health_before"] = {"rc": health.rc, "output": (health.stdout + health.stderr).strip()}
         return result
     finally:
         if launched.running():

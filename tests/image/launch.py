@@ -56,6 +56,8 @@ BENCHMARK_ENV = {"BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1", "BENCHMARK
 # engine dies at once, and the resolution checks need the worker up meanwhile.
 GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
+HEALTH_COMMAND = "/opt/bakery/worker/boot/health.py"  # the image's HEALTHCHECK runs it with WORKER_PYTHON
+HEALTH_WAIT = 90.0  # Docker runs it every 10 s; a loaded machine delays a run (and so its verdict)
 WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
 SUPERVISORCTL = "/opt/bakery/venv/bin/supervisorctl"
@@ -166,6 +168,14 @@ class Launched:
         if self.container.status == "running":
             return None
         return int(self.container.attrs["State"]["ExitCode"])
+
+    def health(self) -> tuple[str, str]:
+        """Docker's health of the container (the image's HEALTHCHECK): its status ('starting',
+        'healthy', 'unhealthy'; '' when the image has none) and the output of its latest run."""
+        self.container.reload()
+        health = self.container.attrs["State"].get("Health") or {}
+        log = health.get("Log") or [{}]
+        return str(health.get("Status") or ""), str(log[-1].get("Output") or "").strip()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
         """Poll `predicate` until true, the container exits, or `timeout` seconds pass."""

@@ -13,7 +13,15 @@ import pytest
 from bakery.spec import engine_facts
 from bakery.spec.secrets import secret_reason
 from tests.image.conftest import READY_TIMEOUT, Containers, ImageUnderTest, SideLaunches, loadfail_names
-from tests.image.launch import BENCHMARK_FILE, WORKER_PYTHON, Launched, is_ready_report, serverless_env
+from tests.image.launch import (
+    BENCHMARK_FILE,
+    HEALTH_COMMAND,
+    HEALTH_WAIT,
+    WORKER_PYTHON,
+    Launched,
+    is_ready_report,
+    serverless_env,
+)
 
 REQUIRED_LABELS = (
     "org.opencontainers.image.title", "org.opencontainers.image.source", "org.opencontainers.image.revision",
@@ -116,6 +124,23 @@ def test_worker_reports_ready(serverless: Launched) -> None:
         f"max_perf {report['max_perf']} is not the benchmark's result {benchmark}"
 
 
+@pytest.mark.config
+def test_healthcheck_runs_the_health_command(image_attrs: dict) -> None:
+    test = (image_attrs["Config"].get("Healthcheck") or {}).get("Test") or []
+    assert test[:1] == ["CMD"] and HEALTH_COMMAND in test, f"the image's HEALTHCHECK is not bakery's: {test}"
+
+
+@pytest.mark.serve
+def test_docker_health_follows_the_worker(serverless: Launched) -> None:
+    # Outside serverless tooling, Docker's own health is what people watch: under SERVERLESS=true it
+    # is the worker's readiness (docs/image.md, "Health check"). Before ready it is refused: see
+    # test_requests_get_503_until_ready, which runs the same command on a worker whose key is withheld.
+    assert serverless.ready(READY_TIMEOUT), f"not ready:\n{serverless.logs()[-2000:]}"
+    assert serverless.wait_for(lambda: serverless.health()[0] == "healthy", HEALTH_WAIT, 1), \
+        f"Docker's health of a ready worker: {serverless.health()}"
+    assert "the worker is ready" in serverless.health()[1], serverless.health()
+
+
 @pytest.mark.serve
 def test_launch_template_override_wins(image: ImageUnderTest, containers: Containers) -> None:
     override = "/tmp/override/engine.log"
@@ -182,6 +207,10 @@ def test_engine_runs_alone_without_serverless(image: ImageUnderTest, containers:
         f"the engine did not start without SERVERLESS:\n{launched.logs()[-2000:]}"
     assert not launched.host.socket("tcp://0.0.0.0:3000").is_listening, "a worker started without SERVERLESS=true"
     assert "Using worker backend" not in launched.logs()
+    # Docker's health follows the engine's own health endpoint when no worker runs.
+    assert launched.wait_for(lambda: launched.health()[0] == "healthy", HEALTH_WAIT, 1), \
+        f"Docker's health of the engine alone: {launched.health()}"
+    assert "the engine answers 200" in launched.health()[1], launched.health()
 
 
 @pytest.mark.serve

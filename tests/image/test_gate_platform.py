@@ -431,6 +431,10 @@ def test_requests_get_503_until_ready(side: SideLaunches) -> None:
     assert 200 not in (result.get("key_fetches_before") or []), f"the key was served before the probe: {result}"
     assert result.get("status") == 503 and (result.get("headers") or {}).get("Retry-After") \
         and isinstance(result.get("json"), dict), f"a request before the worker was ready got: {result}"
+    # The image's health check says the same at that moment (docs/image.md, "Health check").
+    health = result.get("health_before") or {}
+    assert health.get("rc") == 1 and "not ready" in str(health.get("output")), \
+        f"the health check of a worker not ready yet: {health}"
 
 
 @pytest.mark.serve

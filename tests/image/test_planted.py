@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -55,6 +56,8 @@ DEFECTS = {
     "no EXPOSE": (lambda d: d.replace("\nEXPOSE 3000\n", "\n"), {"test_worker_port_exposed"}),
     "missing worker": (lambda d: d.replace("COPY worker/ /opt/bakery/worker/\n", ""),
                        {"test_backend_resolves_to_worker", "test_worker_listens_on_3000"}),
+    "no HEALTHCHECK": (lambda d: re.sub(r"\nHEALTHCHECK [^\n]*\\\n[^\n]*\n", "\n", d),
+                       {"test_healthcheck_runs_the_health_command"}),
     "engine not on 18000": (lambda d: d.replace('"--port","18000"', '"--port","18001"'),
                             {"test_engine_listens_on_18000", "test_worker_reports_ready"}),
 }

@@ -28,6 +28,7 @@ from pathlib import Path
 RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
 SOCKET = RUN_DIR / "supervisor.sock"  # supervisord's control socket (watch.py and wake() use it)
 ENGINE_FILE = RUN_DIR / "engine.json"  # the engine's argv and log, read by launch.py
+READY_MARK = "worker-ready"  # the worker's readiness for health.py (workers/openai/ready_mark.py)
 WORKER_DIR = Path(__file__).resolve().parent.parent
 BOOT_DIR = Path(__file__).resolve().parent
 VENV_PYTHON = sys.executable
@@ -308,6 +309,7 @@ def main() -> int:
         return 2
     status_file = RUN_DIR / "exit-status"
     status_file.unlink(missing_ok=True)
+    (RUN_DIR / READY_MARK).unlink(missing_ok=True)  # the health check never counts an earlier boot's
     write_engine_file(argv, log)
     config = RUN_DIR / "supervisord.conf"
     config.write_text(config_text, encoding="utf-8")

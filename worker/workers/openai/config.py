@@ -139,6 +139,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_LATE_ERROR_PROBES", "digits", 4, "warn", "late_errors",
         "health probes in a row that must answer 200 for an error line after load not to count"),
     Var("BAKERY_LATE_ERROR_INTERVAL", "number", 1.0, "warn", "late_errors", "seconds between those probes"),
+    # The image's health check (ready_mark.py; worker/boot/health.py and the entry point read it too).
+    Var("BAKERY_RUN_DIR", "text", "/run/bakery", "none", "ready_mark",
+        "the boot's run directory: the worker keeps its ready mark (worker-ready) there"),
     # Platform variables the SDK reads unguarded (core.check_platform_env).
     Var("CONTAINER_ID", "platform", None, "exit", "core", "the instance id (an integer)"),
     Var("REPORT_ADDR", "platform", None, "exit", "core", "the autoscaler's address(es)"),

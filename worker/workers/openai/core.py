@@ -734,6 +734,7 @@ class WorkerConfig:
     model_id_vars: tuple[str, ...]  # where the model id was looked for (for the warning without one)
     reference_policy: references.Policy = field(default_factory=references.Policy)  # what a reference may reach
     late_errors: late_errors.Bounds = late_errors.DEFAULT_BOUNDS  # how a late error line is checked
+    run_dir: str = config.BY_NAME["BAKERY_RUN_DIR"].default  # where the ready mark is kept (ready_mark.py)
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -756,7 +757,8 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
                         warnings=(*settings.warnings, *limit_warnings, *late_warnings),
-                        model_id_vars=model_id_vars(env), reference_policy=policy, late_errors=late)
+                        model_id_vars=model_id_vars(env), reference_policy=policy, late_errors=late,
+                        run_dir=config.read(env, "BAKERY_RUN_DIR"))
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -810,7 +812,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
         serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
-                        settings.error_lines, cfg.late_errors)  # late error lines
+                        settings.error_lines, cfg.late_errors, cfg.run_dir)  # late error lines, ready mark
         references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)

@@ -6,7 +6,8 @@
 - drain: on SIGTERM new requests get 503, requests in flight finish (BAKERY_DRAIN_TIMEOUT), exit 0;
 - log_tail: the engine's log is read on the event loop, not through a thread hand-off per line;
 - late_errors: after load, an error line counts only if the engine's health fails too (or it is the
-  engine's exit line): a handled traceback no longer errors a serving worker for good.
+  engine's exit line): a handled traceback no longer errors a serving worker for good;
+- ready_mark: the worker's readiness kept as a file, for the image's Docker HEALTHCHECK.
 
 Installed after the guards, on their Context (see core.run).
 """
@@ -16,16 +17,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from workers.openai import drain, engine_close, late_errors, log_tail, report_keep, report_soon
+from workers.openai import drain, engine_close, late_errors, log_tail, ready_mark, report_keep, report_soon
 
 
 def install(ctx: Any, drain_seconds: float, retry_after: int, error_lines: Iterable[str] = (),
-            late_bounds: late_errors.Bounds | None = None) -> drain.Drain:
-    """Install the six parts (late_errors only with `late_bounds`); raises guards.GuardError when an
-    SDK hook is missing."""
+            late_bounds: late_errors.Bounds | None = None, run_dir: str | None = None) -> drain.Drain:
+    """Install the seven parts (late_errors only with `late_bounds`, ready_mark only with `run_dir`);
+    raises guards.GuardError when an SDK hook is missing."""
     engine_close.install(ctx)
     report_keep.install(ctx)  # before report_soon, which sends through the wrapped send
     report_soon.install(ctx)
+    if run_dir is not None:
+        ready_mark.install(ctx, run_dir)
     policy = None if late_bounds is None else late_errors.install(ctx, error_lines, late_bounds)
     log_tail.install(None if policy is None else policy.seen)
     return drain.install(ctx, drain_seconds, retry_after)

@@ -1,0 +1,82 @@
+"""The image's Docker HEALTHCHECK: exit 0 when what the container runs is ready, 1 when it is not.
+
+- SERVERLESS=true (engine + worker): ready when the worker's ready mark exists, i.e. the model is
+  loaded and the worker is not errored, the state its status reports give the platform
+  (workers/openai/ready_mark.py keeps `<BAKERY_RUN_DIR>/worker-ready`; the entry point removes it at
+  every boot). Port 3000 is not asked: it answers only what the platform signed.
+- otherwise (engine only): ready when the engine's health endpoint (MODEL_HEALTH_ENDPOINT against
+  MODEL_SERVER_URL, as the worker resolves it) answers 200 within TIMEOUT.
+
+It prints one line saying why (Docker keeps it in `docker inspect`'s State.Health.Log). Stdlib only,
+and no import of the worker's serving code: it runs every interval, so it must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+WORKER_DIR = Path(__file__).resolve().parent.parent
+TIMEOUT = 4.0  # seconds for the engine's answer: below the HEALTHCHECK's own --timeout
+TRUE_WORDS = ("true", "1", "yes")  # as the entry point reads SERVERLESS (it refuses anything else at boot)
+MARK = "worker-ready"  # workers/openai/ready_mark.MARK
+
+
+def _setting(name: str) -> str | None:
+    """A variable's text as the worker reads it (workers/openai/config.py: stripped, blank is unset)."""
+    if str(WORKER_DIR) not in sys.path:
+        sys.path.insert(0, str(WORKER_DIR))
+    from workers.openai import config
+
+    return config.text(os.environ, name)
+
+
+def engine_health_url() -> str:
+    """The URL the worker's own health check asks (a path resolves against MODEL_SERVER_URL)."""
+    endpoint = _setting("MODEL_HEALTH_ENDPOINT") or "/health"
+    if urlsplit(endpoint).scheme in ("http", "https"):
+        return endpoint
+    server = (_setting("MODEL_SERVER_URL") or "http://127.0.0.1:18000").rstrip("/")
+    return urljoin(server + "/", endpoint)
+
+
+def check_worker() -> tuple[bool, str]:
+    """(ready, why) from the worker's ready mark."""
+    mark = Path(_setting("BAKERY_RUN_DIR") or "/run/bakery") / MARK
+    if mark.is_file():
+        return True, "the worker is ready (model loaded, not errored)"
+    return False, f"the worker is not ready ({mark} is absent: loading, or errored)"
+
+
+def check_engine() -> tuple[bool, str]:
+    """(ready, why) from one GET of the engine's health endpoint."""
+    url = engine_health_url()
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as response:  # noqa: S310 (the engine's own URL)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (OSError, ValueError) as exc:
+        return False, f"the engine does not answer at {url} ({type(exc).__name__})"
+    if status == 200:
+        return True, f"the engine answers 200 at {url}"
+    return False, f"the engine answers {status} at {url}"
+
+
+def main() -> int:
+    """Check, print the one line, and return Docker's health code (0 healthy, 1 unhealthy)."""
+    serverless = os.environ.get("SERVERLESS", "").strip().lower() in TRUE_WORDS
+    try:
+        ready, why = check_worker() if serverless else check_engine()
+    except Exception as exc:  # noqa: BLE001 - a health check answers, it never dies with a traceback
+        ready, why = False, f"the check itself failed ({type(exc).__name__}: {exc})"
+    print(f"bakery health: {'healthy' if ready else 'unhealthy'}: {why}", flush=True)
+    return 0 if ready else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
