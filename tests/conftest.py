@@ -61,3 +61,44 @@ def group_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+# ---- time to ready: every gate launch of the suite, printed at its end --------------------------
+# The gate appends each ready launch's split to $BAKERY_GATE_STAGES (tests/image/stages.py); build.py
+# sets it per gate run and prints them. For the suite's own gates, the controller names one file
+# before its workers start (they inherit it) and prints what they wrote in the terminal summary, so
+# CI's log shows where each launch's time to ready went.
+STAGES_VAR = "BAKERY_GATE_STAGES"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+    import tempfile
+
+    if not os.environ.get(STAGES_VAR) and not hasattr(config, "workerinput"):
+        handle, path = tempfile.mkstemp(prefix="bakery-stages-", suffix=".jsonl")
+        os.close(handle)
+        os.environ[STAGES_VAR] = path
+        config.stash[_STAGES_KEY] = path
+
+
+_STAGES_KEY = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    import json
+    import os
+
+    path = config.stash.get(_STAGES_KEY, None)
+    if not path:
+        return
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    finally:
+        os.unlink(path)
+    if lines:
+        from bakery.build.verify import describe_split
+
+        terminalreporter.section("time to ready by stage (gate launches)")
+        for line in lines:
+            terminalreporter.write_line(describe_split(json.loads(line)))

@@ -10,7 +10,7 @@ from typing import Any
 from bakery.bases import make as bases
 from bakery.build.builder import build_image
 from bakery.build.publish import push_verified, tag_verified
-from bakery.build.verify import run_gate
+from bakery.build.verify import describe_split, run_gate
 from bakery.docker.engine import require_image
 from bakery.recipe.plan import BuildPlan, host_platform
 from bakery.recipe.render import render
@@ -57,7 +57,9 @@ def run_engine(plan: BuildPlan, *, quiet: bool = False) -> dict[str, Any]:
                         images_dir=plan.images_dir, model=plan.base.model)
         summary.update(verified=gate.passed, checks_run=gate.ran, failed_checks=gate.failed,
                        checks_not_run=gate.not_run, checks_not_run_reasons=gate.not_run_reasons,
-                       gate_seconds=round(gate.seconds, 1))
+                       gate_seconds=round(gate.seconds, 1), time_to_ready=gate.time_to_ready)
+        for split in gate.time_to_ready:
+            progress(describe_split(split))
         for reason, count in gate.not_run_reasons.items():
             progress(f"{count} check{'s' if count > 1 else ''} not run: {reason}")
         if not gate.passed:

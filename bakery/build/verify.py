@@ -6,6 +6,7 @@ with --bakery-image, the suite by building images itself. A gate that did not ru
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bakery.paths import GATE_DIR, REPO_ROOT
 from bakery.spec.engine_spec import IMAGES_DIR_VAR
@@ -35,6 +37,8 @@ LEVELS = {
 # (read by tests/image/launch.py and conftest.py).
 GATE_BASE_VAR = "BAKERY_GATE_BASE"
 GATE_MODEL_VAR = "BAKERY_GATE_MODEL"
+# Where the gate keeps each launch's time to ready by stage (tests/image/stages.py STAGES_FILE_VAR).
+GATE_STAGES_VAR = "BAKERY_GATE_STAGES"
 
 
 @dataclass
@@ -48,6 +52,7 @@ class GateResult:
     output: str = ""
     not_run: list[str] = field(default_factory=list)  # checks that apply to the image but could not run here
     not_run_reasons: dict[str, int] = field(default_factory=dict)  # why (each skip reason, with its count)
+    time_to_ready: list[dict[str, Any]] = field(default_factory=list)  # each ready launch's stages (stages.py)
 
 
 def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
@@ -62,7 +67,8 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
                "--bakery-image", image_id, "--bakery-engine", engine, "-m", LEVELS[variant],
                f"--junitxml={junit}", "-o", "junit_family=xunit2", "-q" if quiet else "-v", *(extra or [])]
         start = time.monotonic()
-        env = {**os.environ, GATE_BASE_VAR: variant}
+        stages_file = Path(tmp) / "stages.jsonl"
+        env = {**os.environ, GATE_BASE_VAR: variant, GATE_STAGES_VAR: str(stages_file)}
         env.pop(GATE_MODEL_VAR, None)
         if images_dir:
             env[IMAGES_DIR_VAR] = str(images_dir.resolve())
@@ -79,9 +85,26 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
         proc.wait()
         seconds = time.monotonic() - start
         report = _read_junit(junit)
+        time_to_ready = _read_stages(stages_file)
     passed = proc.returncode == 0 and report.ran > 0 and not report.failed
     return GateResult(passed=passed, ran=report.ran, failed=report.failed, seconds=seconds, output="".join(lines),
-                      not_run=report.skipped, not_run_reasons=report.skip_reasons)
+                      not_run=report.skipped, not_run_reasons=report.skip_reasons, time_to_ready=time_to_ready)
+
+
+def describe_split(split: dict[str, Any]) -> str:
+    """One line of a launch's time to ready: the total, each stage's seconds, bakery's part, what was not seen."""
+    parts = ", ".join(f"{stage['to']} +{stage['seconds']:.2f}" for stage in split.get("stages", []))
+    missing = f"; not seen: {', '.join(split['missing'])}" if split.get("missing") else ""
+    return (f"time to ready [{split.get('launch')}]: {split.get('total', 0):.2f} s ({split.get('from')} -> "
+            f"{split.get('to')}: {parts}; bakery's part {split.get('bakery_seconds', 0):.2f} s){missing}")
+
+
+def _read_stages(path: Path) -> list[dict[str, Any]]:
+    """The launches' time-to-ready splits the gate wrote (none when it wrote none), serverless first."""
+    if not path.exists():
+        return []
+    splits = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(splits, key=lambda split: ("-serverless-" not in str(split.get("launch")), split.get("launch")))
 
 
 @dataclass

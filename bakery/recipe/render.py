@@ -20,7 +20,7 @@ from bakery.paths import REPO_ROOT, TEMPLATES_DIR
 from bakery.spec import dockerfile_values
 from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG, Token
 from bakery.spec.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
-from bakery.spec.engine_spec import LIST_VARS, EngineSpec, display_path
+from bakery.spec.engine_spec import LINE_LIST_VARS, EngineSpec, display_path
 from bakery.tracked import tracked_files
 
 # The stage that assembles a relocatable Python for bases without one; made here by bakery.bases.
@@ -62,7 +62,7 @@ def baked_env(spec: EngineSpec) -> dict[str, str]:
     """The exact environment strings the image must carry (what `docker inspect` shows)."""
     env: dict[str, str] = {}
     for name, value in spec.bake.env.items():
-        env[name] = dockerfile_values.encode_log_lines(value) if name in LIST_VARS else value
+        env[name] = dockerfile_values.encode_log_lines(value) if name in LINE_LIST_VARS else value
     env["BAKERY_ENGINE_CMD"] = json.dumps(spec.engine.command, ensure_ascii=False, separators=(",", ":"))
     env["BAKERY_ENGINE_ARGS_VAR"] = spec.engine.args_var
     env.update(baked_facts(spec))

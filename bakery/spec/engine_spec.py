@@ -40,6 +40,10 @@ IMAGES_DIR_VAR = "BAKERY_IMAGES_DIR"
 
 # The worker's log-grammar variables: lists of lines, baked as JSON arrays.
 LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS")
+# Optional lines that mark the load's stages in the engine's log (the worker names the moment it reads
+# each, for the time-to-ready split: docs/cold-start.md); lists too.
+STAGE_VARS = ("BAKERY_LOAD_BEGIN_LOG_MSGS", "BAKERY_WEIGHTS_LOADED_LOG_MSGS")
+LINE_LIST_VARS = (*LIST_VARS, *STAGE_VARS)
 # What every engine must bake for the shared worker to resolve (docs/engines.md, "Upstream's worker").
 REQUIRED_BAKE = ("BACKEND", "MODEL_LOG", *LIST_VARS, "MODEL_HEALTH_ENDPOINT")
 # Other variables the worker reads; a MODEL_* name outside this set is most likely a typo.
@@ -470,7 +474,7 @@ def _check_env_item(name: str, value: Any) -> None:
         hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(KNOWN_MODEL_VARS))}"
         raise ValueError(f"{where}unknown worker variable; {hint}")
     try:
-        if name in LIST_VARS:
+        if name in LINE_LIST_VARS:
             if not isinstance(value, list):
                 raise ValueError("must be a list of log lines")
             dockerfile_values.check_log_lines(value)

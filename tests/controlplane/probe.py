@@ -13,7 +13,8 @@ A probe case is a small JSON object, so a gate check can send many requests with
      "pad_to": 17000000,                   # grow the prompt until the body has at least this many bytes
      "headers": {"Authorization": ""}}     # extra request headers
 
-The result of each case: {"status", "headers" (Content-Type, Retry-After), "body", "json", "error"}.
+The result of each case: {"status", "headers" (Content-Type, Retry-After), "body", "json", "error",
+"sent_at", "answered_at" (wall clock), "signed" (a valid signature on an untouched envelope)}.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import base64
 import http.client
 import json
 import select
+import time
 import urllib.parse
 from typing import Any
 
@@ -128,7 +130,13 @@ def run_case(state: State, base: str, case: dict[str, Any], timeout: float = 120
         data = body_bytes(state, case)
     except LookupError as exc:
         return {"name": case.get("name"), "status": None, "error": str(exc)}
+    sent_at = time.time()
     result = send(base, case.get("route", "/v1/completions"), data, dict(case.get("headers") or {}), timeout)
     result["name"] = case.get("name")
     result["sent_bytes"] = len(data)
+    # Wall-clock times inside the container (the host's clock): the gate's time-to-ready split takes
+    # its first signed answer from them (tests/image/stages.py).
+    result["sent_at"], result["answered_at"] = sent_at, time.time()
+    result["signed"] = case.get("signature", "valid") == "valid" and "raw_b64" not in case \
+        and not case.get("auth") and not case.get("envelope") and not case.get("sign_url")
     return result

@@ -20,11 +20,13 @@ from bakery.build.verify import GATE_BASE_VAR
 from bakery.recipe.render import baked_env
 from bakery.spec import engine_facts
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
+from tests.image import stages
 from tests.image.launch import (
     HEALTH_COMMAND,
     WORKER_PYTHON,
     Launched,
     gate_model,
+    is_ready_report,
     launch,
     launch_options,
     offline_env,
@@ -183,6 +185,19 @@ def _forget(launched: Launched) -> None:
         _LIVE.remove(launched)
 
 
+def _keep_stages(launched: Launched) -> None:
+    """Keep a launch's time to ready by stage ($BAKERY_GATE_STAGES, read by build.py) when it reported
+    ready; never fails a teardown (the split is a report, test_time_to_ready_by_stage its check)."""
+    if not os.environ.get(stages.STAGES_FILE_VAR) or not launched.controlplane or not launched._ready:
+        return
+    try:
+        result = stages.split(stages.boundaries(launched, launched.program, is_ready_report), launched.container.name)
+    except Exception as exc:  # noqa: BLE001 - a container gone early, logs unreadable: no split, no failure
+        print(f"time to ready of {launched.container.name}: not read ({type(exc).__name__}: {exc})")
+        return
+    stages.keep(result)
+
+
 class Containers:
     """Every container the gate starts, removed at the end of the session."""
 
@@ -199,12 +214,14 @@ class Containers:
             _make_room(limit)
         launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
                           withhold_fetches=withhold_fetches, hold=hold, run_options=launch_options(image.spec))
+        launched.program = engine_facts.facts(image.spec).program
         self.started.append(launched)
         _LIVE.append(launched)
         return launched
 
     def remove(self, launched: Launched) -> None:
-        """Remove one container this registry started."""
+        """Remove one container this registry started (its time to ready kept first, when it got ready)."""
+        _keep_stages(launched)
         _forget(launched)
         with contextlib.suppress(ValueError):
             self.started.remove(launched)

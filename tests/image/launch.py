@@ -152,6 +152,9 @@ class Launched:
     controlplane: bool = True
     started: float = field(default_factory=time.monotonic)
     _ready: bool | None = None
+    run_at: float = 0.0  # wall clock just before `docker run` (create): where time to ready starts
+    first_answer: dict[str, Any] | None = None  # the first signed request answered 200 (a probe's result)
+    program: str = ""  # the engine's supervisord program (its `spawned:` line starts the engine's stage)
 
     def logs(self) -> str:
         """The container's stdout and stderr so far."""
@@ -242,7 +245,12 @@ class Launched:
     def probe(self, cases: list[dict[str, Any]], timeout: float = 120) -> dict[str, dict[str, Any]]:
         """Send probe cases (tests/controlplane/probe.py) to :3000 from inside; results by case name."""
         out = self.controlplane_cli("probe", json.dumps(cases), "--timeout", str(timeout))
-        return {result["name"]: result for result in json.loads(out)}
+        results = json.loads(out)
+        for result in results:
+            if result.get("signed") and result.get("status") == 200 and result.get("answered_at") and (
+                    self.first_answer is None or result["answered_at"] < self.first_answer["answered_at"]):
+                self.first_answer = result
+        return {result["name"]: result for result in results}
 
     def records(self, path: str | None = None) -> list[dict[str, Any]]:
         """Every request the stand-in recorded (optionally one path), read with the Docker API so it
@@ -300,6 +308,7 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
     """Start `image_id` detached with `env` (and docker run `run_options`, e.g. shm_size), with the
     control-plane stand-in inside it (unless `controlplane` is False; `withhold_fetches` N: /pubkey/
     answers 503 to the first N fetches); the caller removes the container (see conftest's registry)."""
+    run_at = time.time()
     container = client.containers.create(
         image_id, detach=True, environment=env, name=f"bakery-gate-{label}-{uuid.uuid4().hex[:8]}",
         labels={TEST_LABEL: "1", RUN_LABEL: RUN_ID}, **(run_options or {}),
@@ -309,7 +318,7 @@ def launch(client: docker.DockerClient, image_id: str, env: dict[str, str], labe
             container.put_archive("/tmp", controlplane_archive())
         container.start()
         launched = Launched(container=container, host=testinfra.get_host(f"docker://{container.id}"),
-                            controlplane=controlplane)
+                            controlplane=controlplane, run_at=run_at)
         if controlplane:
             launched.start_controlplane(withhold_fetches=withhold_fetches, hold=hold)
     except BaseException:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from bakery.spec.engine_facts import facts
+from tests.image import stages
 from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, ImageUnderTest, SideLaunches
 from tests.image.launch import (
     CLIENT,
@@ -109,6 +110,25 @@ def test_signed_completion_and_chat_through_worker(serverless: Launched) -> None
         assert answer_text(result).strip(), f"signed {name}: no generated text in {result['body'][:500]!r}"
     assert results["completion"]["json"].get("object") == "text_completion", results["completion"]["body"][:300]
     assert results["chat"]["json"].get("object") == "chat.completion", results["chat"]["body"][:300]
+
+
+@pytest.mark.serve
+def test_time_to_ready_by_stage(image: ImageUnderTest, serverless: Launched) -> None:
+    # From `docker run` to the first signed answer, split by what the launch's own logs show
+    # (tests/image/stages.py, docs/cold-start.md): every stage is seen, the engine's load stages
+    # wherever the spec bakes their lines, and the stages add up to the total.
+    _ready(serverless)
+    served = serverless.probe([{"name": "stages", "payload": COMPLETION, "request_idx": 901}])["stages"]
+    assert served["status"] == 200, f"a signed request after ready was not served: {_summary({'stages': served})}"
+    result = stages.split(stages.boundaries(serverless, facts(image.spec).program, is_ready_report),
+                          f"{image.engine}-serverless")
+    baked = image.expected_env
+    expected = {name for name, _ in stages.BOUNDARIES} - {
+        stage for stage, var in (("load_begins", "BAKERY_LOAD_BEGIN_LOG_MSGS"),
+                                 ("weights_loaded", "BAKERY_WEIGHTS_LOADED_LOG_MSGS")) if var not in baked}
+    assert not expected & set(result["missing"]), f"stages not seen: {stages.describe(result)}"
+    assert abs(result["sum"] - result["total"]) <= 0.05 * result["total"], stages.describe(result)
+    print(stages.describe(result))
 
 
 @pytest.mark.serve

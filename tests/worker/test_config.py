@@ -107,7 +107,7 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
                       "BENCHMARK_CONCURRENCY", "BENCHMARK_MAX_TOKENS", "READINESS", "READINESS_TIMEOUT",
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
                       "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS", "BAKERY_LATE_ERROR_PROBES",
-                      "BAKERY_LATE_ERROR_INTERVAL"}
+                      "BAKERY_LATE_ERROR_INTERVAL", "BAKERY_LOAD_BEGIN_LOG_MSGS", "BAKERY_WEIGHTS_LOADED_LOG_MSGS"}
 
 
 @pytest.mark.parametrize("raw", [None, "", "  ", "\t\n"])

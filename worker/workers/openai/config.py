@@ -139,6 +139,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_LATE_ERROR_PROBES", "digits", 4, "warn", "late_errors",
         "health probes in a row that must answer 200 for an error line after load not to count"),
     Var("BAKERY_LATE_ERROR_INTERVAL", "number", 1.0, "warn", "late_errors", "seconds between those probes"),
+    # Time to ready (stages.py): optional lines marking the load's stages in MODEL_LOG.
+    Var("BAKERY_LOAD_BEGIN_LOG_MSGS", "lines", (), "warn", "stages", "log lines that mean the model load begins"),
+    Var("BAKERY_WEIGHTS_LOADED_LOG_MSGS", "lines", (), "warn", "stages",
+        "log lines that mean the model's weights are loaded"),
     # The image's health check (ready_mark.py; worker/boot/health.py and the entry point read it too).
     Var("BAKERY_RUN_DIR", "text", "/run/bakery", "none", "ready_mark",
         "the boot's run directory: the worker keeps its ready mark (worker-ready) there"),

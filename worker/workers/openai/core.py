@@ -42,6 +42,7 @@ from workers.openai import (
     routes,
     sdk_seam,
     serving,
+    stages,
     uploads,
 )
 
@@ -735,6 +736,7 @@ class WorkerConfig:
     reference_policy: references.Policy = field(default_factory=references.Policy)  # what a reference may reach
     late_errors: late_errors.Bounds = late_errors.DEFAULT_BOUNDS  # how a late error line is checked
     run_dir: str = config.BY_NAME["BAKERY_RUN_DIR"].default  # where the ready mark is kept (ready_mark.py)
+    stage_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # stages.py's lines, load lines too
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -754,11 +756,12 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
         raise ConfigError(bound_errors)
     late_warnings: list[str] = []
     late = late_errors.load(env, late_warnings)
+    stage_lines = stages.stage_lines(settings.load_lines, stages.load(env, late_warnings))
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
                         warnings=(*settings.warnings, *limit_warnings, *late_warnings),
                         model_id_vars=model_id_vars(env), reference_policy=policy, late_errors=late,
-                        run_dir=config.read(env, "BAKERY_RUN_DIR"))
+                        run_dir=config.read(env, "BAKERY_RUN_DIR"), stage_lines=stage_lines)
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -812,7 +815,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                              report_addr=cfg.report_addr, handlers=handlers)
         serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
-                        settings.error_lines, cfg.late_errors, cfg.run_dir)  # late error lines, ready mark
+                        settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
+                        stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
         references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from workers.openai import sdk_seam
@@ -29,8 +30,9 @@ WHO = "report_soon.py"
 log = logging.getLogger("bakery.report_soon")
 
 
-def install(ctx: Any) -> None:
-    """Start, with the server, a task that sends the first loaded report as soon as the model is loaded."""
+def install(ctx: Any, on_loaded: Callable[[], None] | None = None, on_sent: Callable[[], None] | None = None) -> None:
+    """Start, with the server, a task that sends the first loaded report as soon as the model is loaded;
+    `on_loaded` is called when it sees the model loaded, `on_sent` once that report went (stages.py)."""
     metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
     for key in ("model_is_loaded", "update_pending", "last_metric_update"):
         sdk_seam.find(metrics, key, WHO)
@@ -40,6 +42,8 @@ def install(ctx: Any) -> None:
     async def report_when_loaded() -> None:
         while not metrics.system_metrics.model_is_loaded:
             await asyncio.sleep(POLL)
+        if on_loaded is not None:
+            on_loaded()
         before = metrics.last_metric_update
         try:
             await send()
@@ -48,6 +52,10 @@ def install(ctx: Any) -> None:
                         type(exc).__name__)
         if metrics.last_metric_update == before:  # not sent: the SDK's loop sends it at its next tick
             metrics.update_pending = True
+            while on_sent is not None and metrics.last_metric_update == before:
+                await asyncio.sleep(POLL)  # the stage is when a report did go
+        if on_sent is not None:
+            on_sent()
 
     async def start(_app: Any) -> None:
         if not tasks:  # on_startup runs for each of the SDK's two apps: one watcher is enough

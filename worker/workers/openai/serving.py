@@ -7,28 +7,49 @@
 - log_tail: the engine's log is read on the event loop, not through a thread hand-off per line;
 - late_errors: after load, an error line counts only if the engine's health fails too (or it is the
   engine's exit line): a handled traceback no longer errors a serving worker for good;
-- ready_mark: the worker's readiness kept as a file, for the image's Docker HEALTHCHECK.
+- ready_mark: the worker's readiness kept as a file, for the image's Docker HEALTHCHECK;
+- stages: a line naming each stage of the time to ready the worker sees (load, weights, load line,
+  benchmark, ready report).
 
 Installed after the guards, on their Context (see core.run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from workers.openai import drain, engine_close, late_errors, log_tail, ready_mark, report_keep, report_soon
+from workers.openai import drain, engine_close, late_errors, log_tail, ready_mark, report_keep, report_soon, stages
 
 
 def install(ctx: Any, drain_seconds: float, retry_after: int, error_lines: Iterable[str] = (),
-            late_bounds: late_errors.Bounds | None = None, run_dir: str | None = None) -> drain.Drain:
-    """Install the seven parts (late_errors only with `late_bounds`, ready_mark only with `run_dir`);
-    raises guards.GuardError when an SDK hook is missing."""
+            late_bounds: late_errors.Bounds | None = None, run_dir: str | None = None,
+            timeline: stages.Stages | None = None) -> drain.Drain:
+    """Install the parts (late_errors only with `late_bounds`, ready_mark only with `run_dir`, the
+    stage lines only with `timeline`); raises guards.GuardError when an SDK hook is missing."""
     engine_close.install(ctx)
     report_keep.install(ctx)  # before report_soon, which sends through the wrapped send
-    report_soon.install(ctx)
+    if timeline is None:
+        report_soon.install(ctx)
+    else:
+        report_soon.install(ctx, on_loaded=lambda: timeline.mark("benchmark_done"),
+                            on_sent=lambda: timeline.mark("ready_report_sent"))
     if run_dir is not None:
         ready_mark.install(ctx, run_dir)
     policy = None if late_bounds is None else late_errors.install(ctx, error_lines, late_bounds)
-    log_tail.install(None if policy is None else policy.seen)
+    watchers = [seen for seen in (None if policy is None else policy.seen,
+                                  None if timeline is None else timeline.seen) if seen is not None]
+    log_tail.install(_each(watchers) if watchers else None)
     return drain.install(ctx, drain_seconds, retry_after)
+
+
+def _each(watchers: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+    """One log_tail callback that hands each line to every watcher, in order."""
+    if len(watchers) == 1:
+        return watchers[0]
+
+    def seen(line: Any) -> None:
+        for watch in watchers:
+            watch(line)
+
+    return seen
