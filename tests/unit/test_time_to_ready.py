@@ -4,6 +4,7 @@ stage check and build.py's report rely on. The worker's stage lines: tests/worke
 from __future__ import annotations
 
 import pytest
+
 from bakery.build.verify import describe_split
 from tests.image import stages
 
