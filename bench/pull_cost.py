@@ -34,10 +34,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import docker  # noqa: E402
+from build_bench import WORKER_CHANGE_FILE, Builds, bake_changed, build, remove_images  # noqa: E402
 
 from bakery.bases import make as bases  # noqa: E402
 from bakery.spec.engine_spec import load_engine  # noqa: E402
-from build_bench import WORKER_CHANGE_FILE, Builds, bake_changed, build, remove_images  # noqa: E402
 from tests.image.real_registry import push_as, running_registry, skopeo_config, skopeo_raw  # noqa: E402
 
 MB = 1e6
