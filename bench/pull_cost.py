@@ -43,13 +43,16 @@ from tests.image.real_registry import push_as, running_registry, skopeo_config, 
 MB = 1e6
 
 
-def layers(ref: str) -> list[dict[str, Any]]:
-    """The pushed image's layers, in order: digest, compressed size and the step that made each."""
+def layers(ref: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The pushed image's layers, in order (digest, compressed size, the step that made each), and its
+    config blob (digest, size): a change that adds no layer still pulls a new config."""
     manifest, _ = skopeo_raw(ref) or ({}, "")
-    steps = [entry.get("created_by", "") for entry in skopeo_config(ref).get("history", [])
-             if not entry.get("empty_layer")]
-    return [{"digest": layer["digest"], "bytes": int(layer["size"]), "step": step}
-            for layer, step in zip(manifest.get("layers", []), steps, strict=True)]
+    steps = [entry.get("created_by") or "(the base's root file system: docker import)"
+             for entry in skopeo_config(ref).get("history", []) if not entry.get("empty_layer")]
+    config = manifest.get("config") or {}
+    return ([{"digest": layer["digest"], "bytes": int(layer["size"]), "step": step}
+             for layer, step in zip(manifest.get("layers", []), steps, strict=True)],
+            {"digest": config.get("digest"), "bytes": int(config.get("size") or 0)})
 
 
 def short_step(created_by: str) -> str:
@@ -80,11 +83,12 @@ def measure(engine: str) -> dict[str, Any]:
         with running_registry(storage) as registry:
             repository = f"{registry.host}/bakery-bench/{engine}"
             pushed: dict[str, list[dict[str, Any]]] = {}
+            configs: dict[str, dict[str, Any]] = {}
             for name, image_id in (("release", release.image_id), ("worker change", worker.image_id),
                                    ("bake change", bake.image_id)):
                 ref = f"{repository}:{name.replace(' ', '-')}"
                 push_as(client, image_id, ref)
-                pushed[name] = layers(ref)
+                pushed[name], configs[name] = layers(ref)
                 with contextlib.suppress(docker.errors.APIError):
                     client.images.remove(ref, noprune=True)
         held = {layer["digest"] for layer in pushed["release"]}
@@ -92,8 +96,9 @@ def measure(engine: str) -> dict[str, Any]:
         changes = {}
         for name in ("worker change", "bake change"):
             new = [layer for layer in pushed[name] if layer["digest"] not in held]
-            changes[name] = {"layers": len(new), "bytes": sum(layer["bytes"] for layer in new),
-                             "steps": [short_step(layer["step"]) for layer in new]}
+            config = configs[name]["bytes"] if configs[name]["digest"] != configs["release"]["digest"] else 0
+            changes[name] = {"layers": len(new), "bytes": sum(layer["bytes"] for layer in new) + config,
+                             "config_bytes": config, "steps": [short_step(layer["step"]) for layer in new]}
         return {"engine": engine, "base": base_ref, "release_bytes": total,
                 "layers": [{**layer, "step": short_step(layer["step"])} for layer in pushed["release"]],
                 "changes": changes}
@@ -119,8 +124,9 @@ def main() -> int:
     print(f"{result['release_bytes'] / MB:9.2f}  total: what a host holding none of it pulls")
     for name, change in result["changes"].items():
         share = change["bytes"] / result["release_bytes"] if result["release_bytes"] else 0.0
-        print(f"{name}: {change['layers']} new layer(s), {change['bytes'] / MB:.2f} MB "
-              f"({share:.2%} of the release) for a host holding the release: {'; '.join(change['steps'])}")
+        print(f"{name}: {change['layers']} new layer(s) and a {change['config_bytes']:,}-byte config, "
+              f"{change['bytes'] / MB:.3f} MB ({share:.2%} of the release) for a host holding the release"
+              + (f": {'; '.join(change['steps'])}" if change["steps"] else ""))
     return 0
 
 
