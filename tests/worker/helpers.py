@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -513,3 +514,50 @@ def post_enveloped(port: int, route: str, payload: dict[str, Any], reqnum: int =
             return response.status, response.read(), response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as err:
         return err.code, err.read(), err.headers.get("Content-Type", "")
+
+
+# --------------------------------------------------------------------------- the guard engine
+# tests/worker/guard_engine.py: an engine whose answers and health a test steers; the guard, key,
+# admission, loop-stall and log tests run a secured worker in front of it and talk plain HTTP to it.
+GUARD_ENGINE = HERE / "guard_engine.py"
+
+
+def request(port: int, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+            method: str = "POST", timeout: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
+    """One HTTP request to 127.0.0.1:`port`; (status, body, headers)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read(), {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        conn.close()
+
+
+def send(port: int, path: str, envelope: Any, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+    """POST `envelope` as JSON; the body comes back decoded when it is JSON."""
+    status, body, headers = request(port, path, json.dumps(envelope).encode(), **kw)
+    with contextlib.suppress(ValueError):
+        return status, json.loads(body), headers
+    return status, body, headers
+
+
+def json_error(result: tuple[int, Any, dict[str, str]], status: int) -> str:
+    """Assert `result` is `status` with a JSON {"error": ...} body; return the error."""
+    got, body, headers = result
+    assert got == status, (got, body)
+    assert headers.get("content-type", "").startswith("application/json"), headers
+    assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], body
+    return body["error"]
+
+
+def start_engine(harness: Harness, load_seconds: float = 0.0) -> Engine:
+    """The guard engine on a free loopback port; it writes its own log (the worker's MODEL_LOG)."""
+    slot = harness.slot("engine")
+    return harness.engine([sys.executable, str(GUARD_ENGINE), "--port", str(slot.port), "--log", str(slot.log),
+                           "--load-seconds", str(load_seconds)], slot, output=harness.tmp / "engine.out")
+
+
+def secured(harness: Harness, engine: Engine, reports: ReportServer | None = None, **extra: str | None) -> Served:
+    """A worker with the platform's environment without UNSECURED, in front of `engine`."""
+    return harness.worker("llama", engine, reports, UNSECURED=None, **extra)

@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 
 from tests.worker import test_guards
-from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey
-from tests.worker.test_guards import json_error, request, secured, start_engine
+from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey, json_error, request, secured, start_engine
 
 pytestmark = pytest.mark.slow
 BIG = 62000  # fits the body limit; two at once do not fit the byte bound (100 000)

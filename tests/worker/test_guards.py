@@ -8,12 +8,10 @@ another environment: a key served late, sessions turned on, bad variables, the r
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,19 +23,20 @@ from typing import Any
 import pytest
 
 from tests.worker.helpers import (
-    HERE,
     SDK_READY,
-    Engine,
     Harness,
     Proc,
     ReportServer,
-    Served,
     SigningKey,
+    json_error,
     make_signing_key,
+    request,
+    secured,
+    send,
+    start_engine,
 )
 
 pytestmark = pytest.mark.slow
-GUARD_ENGINE = HERE / "guard_engine.py"
 SMALL_LIMITS = {"BAKERY_MAX_BODY_BYTES": "65536", "BAKERY_BODY_TIMEOUT": "2", "BAKERY_HEADER_TIMEOUT": "2",
                 "BAKERY_ENGINE_IDLE_TIMEOUT": "2", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
 ENGINE_LOAD_SECONDS = 3.0
@@ -72,47 +71,6 @@ class Running:
         target = url or self.url
         return {"cost": "8", "endpoint": "test", "reqnum": idx, "request_idx": idx,
                 "signature": (key or self.key).sign(target), "url": target, **extra}
-
-
-def request(port: int, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-            method: str = "POST", timeout: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
-    """One HTTP request to 127.0.0.1:`port`; (status, body, headers)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
-        response = conn.getresponse()
-        return response.status, response.read(), {k.lower(): v for k, v in response.getheaders()}
-    finally:
-        conn.close()
-
-
-def send(port: int, path: str, envelope: Any, **kw: Any) -> tuple[int, Any, dict[str, str]]:
-    """POST `envelope` as JSON; the body comes back decoded when it is JSON."""
-    status, body, headers = request(port, path, json.dumps(envelope).encode(), **kw)
-    with contextlib.suppress(ValueError):
-        return status, json.loads(body), headers
-    return status, body, headers
-
-
-def json_error(result: tuple[int, Any, dict[str, str]], status: int) -> str:
-    """Assert `result` is `status` with a JSON {"error": ...} body; return the error."""
-    got, body, headers = result
-    assert got == status, (got, body)
-    assert headers.get("content-type", "").startswith("application/json"), headers
-    assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], body
-    return body["error"]
-
-
-def start_engine(harness: Harness, load_seconds: float = 0.0) -> Engine:
-    """The guard engine on a free loopback port; it writes its own log (the worker's MODEL_LOG)."""
-    slot = harness.slot("engine")
-    return harness.engine([sys.executable, str(GUARD_ENGINE), "--port", str(slot.port), "--log", str(slot.log),
-                           "--load-seconds", str(load_seconds)], slot, output=harness.tmp / "engine.out")
-
-
-def secured(harness: Harness, engine: Engine, reports: ReportServer | None = None, **extra: str | None) -> Served:
-    """A worker with the platform's environment without UNSECURED, in front of `engine`."""
-    return harness.worker("llama", engine, reports, UNSECURED=None, **extra)
 
 
 @pytest.fixture(scope="module")

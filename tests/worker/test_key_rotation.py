@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from workers.openai import guards, key_rotation
 
-from tests.worker.helpers import SDK_READY, Harness, SigningKey, make_signing_key
-from tests.worker.test_guards import secured, send, start_engine
+from tests.worker.helpers import SDK_READY, Harness, SigningKey, make_signing_key, secured, send, start_engine
 
 # --------------------------------------------------------------------------- the rules
 

@@ -28,9 +28,18 @@ import pytest
 from workers.openai import late_errors
 from workers.vllm.worker import DEFAULTS as VLLM
 
-from tests.worker.helpers import HERE, SDK_READY, Engine, Harness, Proc, ReportServer, make_signing_key, post_enveloped
+from tests.worker.helpers import (
+    GUARD_ENGINE,
+    HERE,
+    SDK_READY,
+    Engine,
+    Harness,
+    Proc,
+    ReportServer,
+    make_signing_key,
+    post_enveloped,
+)
 
-GUARD_ENGINE = HERE / "guard_engine.py"
 MODEL = "standin-model"
 TRACEBACK = "Traceback (most recent call last):"
 EXIT_LINE = "INFO exited: vllm"

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from workers.openai import log_escape
 
-from tests.worker.helpers import HERE, SDK_READY, Harness, SigningKey, make_signing_key
-from tests.worker.test_guards import secured, send
+from tests.worker.helpers import HERE, SDK_READY, Harness, SigningKey, make_signing_key, secured, send
 
 # What a caller puts in every value: each would start a forged line, clear a terminal, or reorder text.
 HOSTILE = "\nFORGED-LINE \r\x1b[2J\u2028\u2029\u202eFORGED-BIDI\x85\x07"

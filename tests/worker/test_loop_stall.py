@@ -28,8 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker.helpers import SDK_READY, Harness, Served, SigningKey, make_signing_key
-from tests.worker.test_guards import start_engine
+from tests.worker.helpers import SDK_READY, Harness, Served, SigningKey, make_signing_key, start_engine
 
 pytestmark = pytest.mark.slow
 MIB = 1024 * 1024
