@@ -45,7 +45,7 @@ from bakery.host.artifacts import pip_download
 from bakery.host.wheelhouse import platform_tags
 from bakery.paths import cache_path
 from bakery.spec.engine_spec import EngineSpec
-from tests.image.launch import Launched, controlplane_archive, is_ready_report, serverless_env
+from tests.image.launch import Launched, controlplane_archive, is_ready_report, launch_options, serverless_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 IN_CONTAINER = "/opt/bakery-bench"  # where bench/ is mounted (read-only) in load-test containers
@@ -185,10 +185,11 @@ class Boots:
 
     def _create(self, variant: str, env: dict[str, str], volumes: dict[str, dict[str, str]],
                 ports: dict[str, Any] | None = None) -> Any:
+        # The launch options the local base needs (the real vLLM's /dev/shm: Docker's 64 MiB kills its load).
         container = self.client.containers.create(
             self.image_id, environment=env, volumes=volumes, ports=ports or {}, detach=True,
             name=f"bakery-bench-{variant}-{os.getpid()}-{len(self._containers)}",
-            labels={"ai.bakery.bench": "1"})
+            labels={"ai.bakery.bench": "1"}, **launch_options(self.spec))
         self._containers.append(container)
         return container
 
