@@ -297,6 +297,7 @@ def worker_env_for(
         "BACKEND": backend,
         "WORKER_PYTHON": str(worker_python),
         "WORKER_STATE_DIR": str(state),
+        "BAKERY_RUN_DIR": str(state / "run"),  # the ready mark: the test's own, never the host's /run/bakery
         "BENCHMARK_RUNS": "1",
         "BENCHMARK_CONCURRENCY": "1",
         "BENCHMARK_MAX_TOKENS": "8",

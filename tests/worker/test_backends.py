@@ -71,7 +71,14 @@ def _run_backend(harness: Harness, backend: str, slot: Engine, start_engine: Cal
         served = harness.worker(backend, slot, MODEL_NAME=model_id)
     worker, port = served.worker, served.port
 
-    out = worker.wait_for(SDK_READY, timeout=180)
+    try:
+        out = worker.wait_for(SDK_READY, timeout=180)
+    except AssertionError as exc:  # say what the engine did too (a fresh CI run saw no load in 180 s once)
+        engine_text = engine_log.read_text(encoding="utf-8", errors="replace") if engine_log.exists() else "(none)"
+        seen = [line for line in worker.text.splitlines() if "log line" in line or "stage " in line
+                or "error" in line.lower()][:40]
+        raise AssertionError(f"{exc}\n--- the worker's log-line and stage lines:\n" + "\n".join(seen)
+                             + f"\n--- the engine's log ({engine_log}), its end:\n{engine_text[-3000:]}") from None
     banner = f"Using worker backend: {defaults.engine}"
     assert out.splitlines()[0].startswith(banner)
     if backend == "openai":
