@@ -50,3 +50,18 @@ def test_a_worker_says_every_stage_of_its_load(harness: Harness) -> None:
     times = [at for _, at in seen]
     assert times == sorted(times), seen
     assert times[2] - times[0] >= 0.9, f"the stand-in loads for 1 s between its load lines: {seen}"
+
+
+def test_a_watcher_that_raises_never_ends_the_log_tail() -> None:
+    # The watchers run inside the SDK's tail loop, which must keep reading the load and error lines.
+    from workers.openai import serving
+
+    seen: list[str] = []
+
+    def broken(_line: str) -> None:
+        raise ValueError("a bug in a report")
+
+    each = serving._each([broken, seen.append])
+    each("a line")
+    each("another")
+    assert seen == ["a line", "another"]

@@ -16,10 +16,13 @@ Installed after the guards, on their Context (see core.run).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from workers.openai import drain, engine_close, late_errors, log_tail, ready_mark, report_keep, report_soon, stages
+
+log = logging.getLogger("bakery.serving")
 
 
 def install(ctx: Any, drain_seconds: float, retry_after: int, error_lines: Iterable[str] = (),
@@ -44,12 +47,15 @@ def install(ctx: Any, drain_seconds: float, retry_after: int, error_lines: Itera
 
 
 def _each(watchers: list[Callable[[Any], None]]) -> Callable[[Any], None]:
-    """One log_tail callback that hands each line to every watcher, in order."""
-    if len(watchers) == 1:
-        return watchers[0]
+    """One log_tail callback that hands each line to every watcher, in order. It runs inside the SDK's
+    tail loop, which reads the load and error lines: a watcher that raises is logged and skipped for
+    that line, never allowed to end the loop (the worker would then never see its engine load)."""
 
     def seen(line: Any) -> None:
         for watch in watchers:
-            watch(line)
+            try:
+                watch(line)
+            except Exception:
+                log.exception("a log-line watcher failed on a MODEL_LOG line; the tail reads on")
 
     return seen
