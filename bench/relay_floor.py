@@ -10,7 +10,10 @@ one recv and one send per arrival, no parsing: the least any forwarder can do), 
 worker (`UNSECURED=true`, the lean worker venv). For the relay and the worker: CPU time (utime and
 stime from /proc, every process of the tree) per streamed event. The relay's figure is what this
 machine's kernel and one event loop cost per forwarded event; a target below it cannot be met by
-any design that forwards each event as it arrives. Nothing is asserted; it reports.
+any design that forwards each event as it arrives. After each round's streams, N non-streamed
+one-token requests at once go through the relay and through the worker: CPU per request, the floor
+under target 2's per-request part (the relay opens one engine connection per client connection, as
+the load opens one client connection per request). Nothing is asserted; it reports.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def main() -> int:
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
     pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
     payload = {"model": MODEL, "prompt": "scale", "stream": True}
+    single = {"model": MODEL, "prompt": "scale", "stream": False, "max_tokens": 1}
+    per_request: dict[str, list[float]] = {s: [] for s in SIDES[1:]}
     per_event: dict[str, dict[str, list[float]]] = {s: {"all": [], "user": [], "system": []} for s in SIDES[1:]}
     eps: dict[str, list[float]] = {s: [] for s in SIDES}
     with (tempfile.TemporaryDirectory(prefix="bk-relay-floor-") as root,
@@ -119,6 +124,25 @@ def main() -> int:
                                 line += (f"; CPU {watch.cpu:.2f} s (user {watch.user:.2f}, system {watch.system:.2f})"
                                          f" = {watch.cpu / n * 1e6:.1f} us/event")
                         say(line)
+                    for side in order:
+                        if side == "direct":
+                            continue
+                        port = {"relay": relay_port, "worker": served.port}[side]
+                        pid = relay.pid if side == "relay" else served.worker.popen.pid
+                        idle = cpu_idle()
+                        watch = Watch(pid)
+                        result = streamload(port, args.streams, single, args.scale_timeout,
+                                            idx if side == "worker" else None)
+                        watch.stop()
+                        if side == "worker":
+                            idx += args.streams
+                        line = f"  {side}, requests: idle before {idle:.0%}; {_outcome(result)}"
+                        if result["completed"]:
+                            ms = watch.cpu / result["completed"] * 1000
+                            per_request[side].append(ms)
+                            line += (f"; CPU {watch.cpu:.3f} s (user {watch.user:.3f}, system {watch.system:.3f})"
+                                     f" = {ms:.3f} ms/request")
+                        say(line)
             finally:
                 relay.terminate()
                 relay.wait(timeout=10)
@@ -131,10 +155,15 @@ def main() -> int:
         cpu = per_event[side]
         say(f"  {side}: {rate}; CPU per event {_num(p50(cpu['all']) if cpu['all'] else None)} us (user "
             f"{_num(p50(cpu['user']) if cpu['user'] else None)}, system "
-            f"{_num(p50(cpu['system']) if cpu['system'] else None)})")
+            f"{_num(p50(cpu['system']) if cpu['system'] else None)}); CPU per request "
+            f"{_num(p50(per_request[side]) if per_request[side] else None, '.3f')} ms")
     if per_event["relay"]["all"] and per_event["worker"]["all"]:
         floor, ours = p50(per_event["relay"]["all"]), p50(per_event["worker"]["all"])
         say(f"  worker / floor: {ours / floor:.2f}x; the floor against the 15 us target: {floor / 15:.2f}x")
+    if per_request["relay"] and per_request["worker"]:
+        floor, ours = p50(per_request["relay"]), p50(per_request["worker"])
+        say(f"  per request, worker / floor: {ours / floor:.2f}x; the floor against the 0.3 ms target: "
+            f"{floor / 0.3:.2f}x")
     return 0
 
 
