@@ -382,8 +382,8 @@ def part_drain(tmp: Path, stops: int, worker_python: Path, pubkey: str, report: 
                 f"{p50(to_report):.2f} s (min {min(to_report):.2f}, max {max(to_report):.2f}), {len(to_report)} runs")
 
 
-def part_routable(runs: int, worker_python: Path) -> None:
-    """Container start -> routable, ours vs the upstream boot path emulated, on each ROUTABLE_ENGINES image."""
+def part_routable(runs: int, worker_python: Path, engines: tuple[str, ...] = ROUTABLE_ENGINES) -> None:
+    """Container start -> routable, ours vs the upstream boot path emulated, on each of `engines`' images."""
     import docker
     from boot_bench import Boots, upstream_wheelhouse
 
@@ -397,7 +397,7 @@ def part_routable(runs: int, worker_python: Path) -> None:
     wheels = upstream_wheelhouse("3.11")
     client = docker.from_env()
     bases.ensure_base("debian")
-    for engine in ROUTABLE_ENGINES:
+    for engine in engines:
         spec = load_engine(engine)
         image = build_image(render(spec, RenderOptions(base_image=bases.ensure_base(spec.base.local))),
                             lambda _m: None).image_id
@@ -656,6 +656,8 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(PARTS))
     parser.add_argument("--runs", type=int, default=None, help="runs (rounds) of each part (default 5; scale: 3)")
     parser.add_argument("--drain-stops", type=int, default=20)
+    parser.add_argument("--routable-engines", default=",".join(ROUTABLE_ENGINES),
+                        help="routable: the engines whose images boot, comma-separated (default: %(default)s)")
     parser.add_argument("--streams", default="256,1024", help="scale: the stream counts, comma-separated")
     parser.add_argument("--scale-timeout", type=float, default=120.0,
                         help="scale: a load round stops after this many seconds (bench/streamload.py --timeout)")
@@ -675,6 +677,11 @@ def main() -> int:
     if not counts or min(counts) < 1:
         print(f"serving_bench: --streams must be positive integers, comma-separated, got {args.streams!r}",
               file=sys.stderr)
+        return 2
+    routable_engines = tuple(e.strip() for e in args.routable_engines.split(",") if e.strip())
+    if not routable_engines or set(routable_engines) - set(ROUTABLE_ENGINES):
+        print(f"serving_bench: --routable-engines takes some of {', '.join(ROUTABLE_ENGINES)}, comma-separated, "
+              f"got {args.routable_engines!r}", file=sys.stderr)
         return 2
     runs = args.runs or 5
     say(f"CPU: {cpu_model()}; {raise_open_files()}")
@@ -696,7 +703,7 @@ def main() -> int:
             elif part == "latency":
                 part_latency(tmp, runs, worker_python, pubkey)
             elif part == "routable":
-                part_routable(runs, worker_python)
+                part_routable(runs, worker_python, routable_engines)
             elif part == "scale":
                 part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey)
             elif part in ("drain", "report"):
