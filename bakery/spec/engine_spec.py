@@ -44,6 +44,9 @@ LIST_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS"
 # each, for the time-to-ready split: docs/cold-start.md); lists too.
 STAGE_VARS = ("BAKERY_LOAD_BEGIN_LOG_MSGS", "BAKERY_WEIGHTS_LOADED_LOG_MSGS")
 LINE_LIST_VARS = (*LIST_VARS, *STAGE_VARS)
+# The lines held to the engine's pinned source by bakery.upkeep.drift (and that upstream.lines may declare):
+# the load and error lines the worker decides on, and the stage lines time to ready is split by.
+DRIFT_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", *STAGE_VARS)
 # What every engine must bake for the shared worker to resolve (docs/engines.md, "Upstream's worker").
 REQUIRED_BAKE = ("BACKEND", "MODEL_LOG", *LIST_VARS, "MODEL_HEALTH_ENDPOINT")
 # Other variables the worker reads; a MODEL_* name outside this set is most likely a typo.
@@ -430,10 +433,12 @@ class EngineSpec(_Strict):
         if exit_line not in self.bake.env["MODEL_ERROR_LOG_MSGS"]:
             raise ValueError(f"bake.env.MODEL_ERROR_LOG_MSGS: must contain {exit_line!r}, the line bakery's entry "
                              "point writes when the engine exits (else the worker waits out its load timeout)")
-        baked = {*self.bake.env["MODEL_LOAD_LOG_MSG"], *self.bake.env["MODEL_ERROR_LOG_MSGS"]}
+        # The lines bakery.upkeep.drift looks for; the stage lines are optional, so a spec may bake none.
+        baked = {line for var in DRIFT_VARS for line in self.bake.env.get(var, [])}
         for line in self.upstream.lines:
             if line not in baked:
-                raise ValueError(f"upstream.lines: {line!r} is not a baked load or error line; remove it or bake it")
+                raise ValueError(f"upstream.lines: {line!r} is not a baked load, error or stage line; remove it or "
+                                 "bake it")
         return self
 
     @property

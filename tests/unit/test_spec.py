@@ -172,7 +172,7 @@ OUTSIDE = ("upstream.lines.model loaded: file {!r}: a relative path inside the s
     (lambda d: d.update(aliases=["llama"]),
      "aliases: 'llama' must be another BACKEND name (lower-case letters, digits, '_')"),
     (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
-     "upstream.lines: 'model ready' is not a baked load or error line; remove it or bake it"),
+     "upstream.lines: 'model ready' is not a baked load, error or stage line; remove it or bake it"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
      ONE_PLACE),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "file": "server.cpp"}}}),
