@@ -1,19 +1,26 @@
-"""Log-grammar drift: does every baked load and error line still occur in the engine's pinned source?
+"""Log-grammar drift: does every baked load, error and stage line still occur in the engine's pinned source?
 
 The worker becomes ready or errored only by matching the engine's own log lines, so a line an engine
-stopped printing turns into a 30-minute wait. Each spec names its source (`source`, or
+stopped printing turns into a 30-minute wait; a stage line it stopped printing silently drops a stage from
+the time-to-ready split (docs/cold-start.md). Each spec names its source (`source`, or
 `upstream.repository`) and pinned version (`version`, or `upstream.tag`); this module looks for every
-line of MODEL_LOAD_LOG_MSG and MODEL_ERROR_LOG_MSGS in that source:
+line of MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS and, where the spec bakes them, the stage lines
+BAKERY_LOAD_BEGIN_LOG_MSGS and BAKERY_WEIGHTS_LOADED_LOG_MSGS in that source, by the same rules:
 
 - a line listed in `upstream.lines` with an `origin` is written by someone else (bakery's entry point,
   supervisord, Python, uvicorn) and is reported, not looked for; the engine's exit line
   (`INFO exited: <name>`) is always bakery's own;
-- a line listed with a `pattern` is found by that regular expression (for text the source builds, e.g.
-  an exception Python prints as `RuntimeError: Engine ...`);
+- a line listed with a `pattern` is found by that regular expression over each file's whole text (for
+  text the source builds, e.g. an exception Python prints as `RuntimeError: Engine ...`, or a line a C
+  macro prefixes with the function's name); it is reported where its group `at` begins if it has one
+  (a pattern that reads through a function to the call), else where the match begins;
 - a line listed with a `file` counts only in a source file whose path ends with it (the file that prints
   it), so a copy of the line elsewhere (an example app, another server in the same tree) cannot hide its
   removal from the engine's own server;
 - every other line must occur literally somewhere in the source.
+
+The source may be a repository checkout or a wheel's package tree (`vllm/` without the repository root):
+a declared `file` is matched by the end of its path, so the same declaration holds for both.
 
     python -m bakery.upkeep.drift --engine vllm --source-dir ~/src/vllm     check against a checkout
     python -m bakery.upkeep.drift --all --fetch                             clone each pinned tag (CI, network)
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import InputError, cli_main
-from bakery.spec.engine_spec import EXIT_LINE, EngineSpec, available_engines, load_engine
+from bakery.spec.engine_spec import DRIFT_VARS, EXIT_LINE, EngineSpec, available_engines, load_engine
 
 # Files a log line can be written from; everything else (weights, images, docs) is skipped.
 SOURCE_SUFFIXES = frozenset({".py", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".cu", ".cuh", ".rs", ".go",
@@ -46,7 +53,6 @@ MAX_FILE_BYTES = 4 * 1024 * 1024
 # Where --fetch clones from: https://github.com/<owner>/<name>.git; overridable for tests and mirrors.
 GIT_BASE_VAR = "BAKERY_DRIFT_GIT_BASE"
 GIT_BASE = "https://github.com"
-LOG_VARS = ("MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
 
 
 @dataclass(frozen=True)
@@ -122,14 +128,15 @@ def _search(root: Path, texts: dict[Path, str], needle: str | re.Pattern[str], f
             index = text.find(needle)
         else:
             match = needle.search(text)
-            index = match.start() if match else -1
+            # A pattern that reads its way to the line (through a function's body, say) names the line `at`.
+            index = -1 if match is None else match.start("at" if "at" in needle.groupindex else 0)
         if index >= 0:
             return f"{path.relative_to(root)}:{text.count(chr(10), 0, index) + 1}"
     return None
 
 
 def check(spec: EngineSpec, source_dir: Path) -> list[Finding]:
-    """Look for each baked load and error line of `spec` in the source tree at `source_dir`."""
+    """Look for each baked load, error and stage line of `spec` in the source tree at `source_dir`."""
     if not source_dir.is_dir():
         raise InputError(f"--source-dir {source_dir}: not a directory (a checkout of {repository(spec)} at "
                          f"{tag(spec)})")
@@ -137,8 +144,8 @@ def check(spec: EngineSpec, source_dir: Path) -> list[Finding]:
     exit_line = EXIT_LINE.format(name=spec.name)
     findings = []
     seen: set[str] = set()
-    for variable in LOG_VARS:
-        for line in spec.bake.env[variable]:
+    for variable in DRIFT_VARS:
+        for line in spec.bake.env.get(variable, []):  # the stage lines are optional
             if line in seen:
                 continue
             seen.add(line)

@@ -173,6 +173,9 @@ OUTSIDE = ("upstream.lines.model loaded: file {!r}: a relative path inside the s
      "aliases: 'llama' must be another BACKEND name (lower-case letters, digits, '_')"),
     (lambda d: d.update(upstream={"lines": {"model ready": {"origin": "python"}}}),
      "upstream.lines: 'model ready' is not a baked load, error or stage line; remove it or bake it"),
+    # llama.yaml declares where its stage lines come from: a stage line no longer baked may not stay declared.
+    (lambda d: d["bake"]["env"].pop("BAKERY_WEIGHTS_LOADED_LOG_MSGS"),
+     "upstream.lines: 'load_model: initializing' is not a baked load, error or stage line; remove it or bake it"),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "pattern": "x"}}}),
      ONE_PLACE),
     (lambda d: d.update(upstream={"lines": {"model loaded": {"origin": "python", "file": "server.cpp"}}}),
