@@ -537,15 +537,25 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     host = launched.container.attrs["NetworkSettings"]["IPAddress"]  # this test's own container
     launched.signal_pid(engine, "STOP")
     answer: dict[str, Any] = {}
+    # When each step happened, seconds from the engine's freeze: a failure says where the time went
+    # (a stop past the grace, an engine slow after SIGCONT, an answer that never began).
+    began = time.monotonic()
+    timeline: dict[str, float] = {}
+
+    def mark(step: str) -> None:
+        timeline[step] = round(time.monotonic() - began, 2)
 
     def send_held() -> None:
         conn = http.client.HTTPConnection(host, 3000, timeout=60)
         try:
             conn.request("POST", DRAIN_ROUTE, body=held, headers={"Content-Type": "application/json"})
             response = conn.getresponse()
+            mark("answer head")
             answer["status"] = response.status
             answer["body"] = response.read()
+            mark("answer end")
         except (OSError, http.client.HTTPException) as exc:
+            mark("answer failed")
             answer["error"] = repr(exc)
         finally:
             conn.close()
@@ -559,8 +569,10 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
 
     def docker_stop() -> None:
         started = time.monotonic()
+        mark("docker stop")
         launched.container.stop(timeout=DOCKER_GRACE)
         stop["seconds"] = time.monotonic() - started
+        mark("stopped")
 
     stopper = threading.Thread(target=docker_stop)
     stopper.start()
@@ -571,18 +583,21 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     refused = late.getresponse()
     assert refused.status == 503 and refused.getheader("Retry-After"), (refused.status, refused.read())
     late.close()
+    mark("late request refused")
     launched.signal_pid(engine, "CONT")
+    mark("engine continued")
     sender.join(60)
     stopper.join(DOCKER_GRACE + 20)
     assert answer.get("status") == 200 and "error" not in answer, \
         f"the answer in flight did not arrive whole: {answer.get('status')} {answer.get('error')} " \
-        f"{answer.get('body', b'')[-300:]!r}\n{launched.logs()[-3000:]}"
+        f"{answer.get('body', b'')[-300:]!r}\ntimeline (s from the freeze): {timeline}, exit code " \
+        f"{launched.exit_code()}\n{launched.logs()[-3000:]}"
     events = [e for e in answer["body"].split(b"\n\n") if e.strip()]
     assert events[-1].strip() == b"data: [DONE]", events[-3:]
     usage = json.loads(events[-2].strip()[len(b"data: "):])
     assert usage["usage"]["completion_tokens"] == long_answer.tokens, usage
     assert launched.exit_code() == 0, launched.logs()[-3000:]
-    assert stop["seconds"] < DOCKER_GRACE, stop  # no SIGKILL: the drain and the engine's stop fit the grace
+    assert stop["seconds"] < DOCKER_GRACE, (stop, timeline)  # no SIGKILL: the drain and the engine's stop fit the grace
     logs = launched.logs()
     assert "drained in" in logs and logs.index("stopped: worker (exit status 0)") < \
         logs.index(f"stopped: {program}"), logs[-3000:]
