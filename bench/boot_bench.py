@@ -19,7 +19,8 @@ Definitions (seconds, host clock unless said otherwise):
 - upstream boot path, emulated offline: the same image and launch, but the worker's Python is a
   wrapper (WORKER_PYTHON) that, at every boot, makes a fresh venv (`python3 -m venv`, with pip) and
   `pip install`s `vastai==1.9.1` with its whole dependency set from a local wheelhouse (no network,
-  no `git clone` of the worker: both favour upstream), then runs the same worker in it.
+  no `git clone` of the worker: both favour upstream), plus what bakery's worker needs beyond the
+  SDK's set (msgspec), then runs the same worker in it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -42,6 +44,7 @@ import docker.errors
 import testinfra
 
 from bakery.host.artifacts import pip_download
+from bakery.host.downloads import requirement_lines
 from bakery.host.wheelhouse import platform_tags
 from bakery.paths import cache_path
 from bakery.spec.engine_spec import EngineSpec
@@ -53,6 +56,7 @@ LOAD_LINE = "Application startup complete."
 READY_LINE = "marking model as loaded"  # the SDK's debug line once benchmark and /health passed
 LISTEN_LINE = "HTTP servers started"  # the SDK's debug line right after its sites started
 SDK_REQUIREMENT = "vastai==1.9.1"
+UPSTREAM_REQUIREMENTS = "requirements.txt"  # in the upstream wheelhouse: what each boot installs
 UPSTREAM_PYTHON = """#!/bin/sh
 # bakery bench: upstream's boot path, offline. At every boot: a fresh venv, then the SDK with its whole
 # dependency set from the mounted wheelhouse; then the worker runs in that venv.
@@ -65,14 +69,34 @@ exec "$venv/bin/python" "$@"
 """
 
 
+def _dist_name(text: str) -> str:
+    """A distribution's normalised name, from a wheel's file name or a `name==version` line."""
+    name = re.split(r"[=<>;\s]", text, maxsplit=1)[0] if "==" in text else text.split("-", 1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def worker_extras(wheels: Path, python_version: str) -> list[str]:
+    """The worker's locked requirements that the SDK's own dependency set in `wheels` lacks (bakery's
+    additions, e.g. msgspec), as `name==version`; supervisor is the entry point's, not the worker's."""
+    brought = {_dist_name(w.name) for w in wheels.glob("*.whl")}
+    specs = [line.split(" --hash", 1)[0] for line in requirement_lines(python_version)]
+    return [spec for spec in specs if _dist_name(spec) not in brought | {"supervisor"}]
+
+
 def upstream_wheelhouse(python_version: str = "3.11") -> Path:
-    """The SDK's full dependency set as wheels for the image's Python (downloaded once, cached)."""
+    """The SDK's full dependency set, and what bakery's worker adds to it, as wheels for the image's
+    Python (downloaded once, cached); `UPSTREAM_REQUIREMENTS` in it lists what a boot installs."""
     dest = cache_path("bench", f"upstream-wheels-{SDK_REQUIREMENT}-cp{python_version.replace('.', '')}")
     done = dest / ".complete"
-    if not done.exists():
+    if not (done.exists() and (dest / UPSTREAM_REQUIREMENTS).exists()):  # the latter: caches of before
         if dest.exists():
             shutil.rmtree(dest)
-        pip_download([SDK_REQUIREMENT], dest, python_version=python_version, platforms=platform_tags("linux/amd64"))
+        platforms = platform_tags("linux/amd64")
+        pip_download([SDK_REQUIREMENT], dest, python_version=python_version, platforms=platforms)
+        extras = worker_extras(dest, python_version)
+        if extras:
+            pip_download(extras, dest, python_version=python_version, platforms=platforms)
+        (dest / UPSTREAM_REQUIREMENTS).write_text("\n".join([SDK_REQUIREMENT, *extras]) + "\n")
         done.write_text("ok\n")
     return dest
 
@@ -81,7 +105,8 @@ def upstream_boot(run_dir: Path, wheels: Path, env: dict[str, str], volumes: dic
     """Make a launch the upstream boot path: the worker's Python becomes UPSTREAM_PYTHON (a fresh venv
     and the SDK from the mounted wheelhouse at every boot); its script is written into `run_dir`."""
     script = run_dir / "upstream-python"
-    script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=SDK_REQUIREMENT))
+    requirements = (wheels / UPSTREAM_REQUIREMENTS).read_text().split()
+    script.write_text(UPSTREAM_PYTHON.format(wheels=f"{IN_CONTAINER}/wheels", requirement=" ".join(requirements)))
     script.chmod(0o755)
     volumes[str(wheels)] = {"bind": f"{IN_CONTAINER}/wheels", "mode": "ro"}
     volumes[str(script)] = {"bind": f"{IN_CONTAINER}/upstream-python", "mode": "ro"}
