@@ -42,12 +42,18 @@ def run_engine(plan: BuildPlan, *, quiet: bool = False) -> dict[str, Any]:
     base = prepare_base(plan, progress)
     bases.ensure_base("debian", progress=progress)  # the bundled-Python stage builds from it
     rendered = render(spec, plan.render)
+    if plan.model is not None:
+        model = plan.model
+        progress(f"baking model {model.name} ({len(model.hashes)} files, {model.size} bytes, digest "
+                 f"sha256:{model.digest[:12]}) into its own layer at {model.image_path}")
     progress(f"building on {base} ({plan.variant} base)")
     # This engine builds one image, for this machine's platform (its base exists for that one).
     built = build_image(rendered, progress, host_platform(), buildargs=plan.facts.build_args())
     progress(f"built {built.image_id[:19]} ({built.steps} steps, {built.cached_steps} from cache)")
     summary: dict[str, Any] = {"engine": spec.name, "image_id": built.image_id, "base": base,
                                "variant": plan.variant, "tags": [], "pushed": [], "failed_checks": []}
+    if plan.model is not None:
+        summary["model"] = plan.model.labels()
     if not plan.verify:
         progress("--no-verify: not verified, so not tagged")
         summary.update(ok=True, verified=False)
