@@ -60,7 +60,8 @@ def run_engine(plan: BuildPlan, *, quiet: bool = False) -> dict[str, Any]:
     else:
         progress("verifying (tests/image)")
         gate = run_gate(built.image_id, spec.name, variant=plan.variant, quiet=quiet, progress=progress,
-                        images_dir=plan.images_dir, model=plan.base.model)
+                        images_dir=plan.images_dir, model=plan.base.model,
+                        baked_digest=f"sha256:{plan.model.digest}" if plan.model is not None else None)
         summary.update(verified=gate.passed, checks_run=gate.ran, failed_checks=gate.failed,
                        checks_not_run=gate.not_run, checks_not_run_reasons=gate.not_run_reasons,
                        gate_seconds=round(gate.seconds, 1), time_to_ready=gate.time_to_ready)

@@ -26,6 +26,10 @@ SCAN_LIMIT = 64 * 1024 * 1024  # bytes: a non-weight file larger than this is no
 CHUNK = 1024 * 1024
 # How much of the previous chunk is kept so a credential split by a chunk boundary is still seen.
 _OVERLAP = 4096
+# A run of token characters is cut to its first _RUN_KEEP: every value rule matches within far fewer, and
+# an uncut megabyte-long run (a base64 blob, a padding line) makes the rules' regexes quadratic.
+_RUN_KEEP = 256
+_RUN = re.compile(rf"[A-Za-z0-9+./_~=-]{{{_RUN_KEEP + 1},}}")
 
 
 def name_reason(name: str) -> str | None:
@@ -48,7 +52,7 @@ def content_reason(path: Path, size: int) -> str | None:
     tail = ""
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
-            text = tail + chunk.decode("latin-1")
+            text = _RUN.sub(lambda run: run.group(0)[:_RUN_KEEP] + " ", tail + chunk.decode("latin-1"))
             for rule_id, why, pattern in VALUE_RULES:
                 if pattern.search(text):
                     return f"rule {rule_id}: looks like {why}"
