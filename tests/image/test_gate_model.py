@@ -20,6 +20,7 @@ from bakery.model.manifest import BAKED_DIR, DIGEST_LABEL, NAME_LABEL, PATH_LABE
 from bakery.spec import engine_facts
 from tests.image.conftest import READY_TIMEOUT, ImageUnderTest
 from tests.image.launch import WORKER_PYTHON, Launched, serverless_env
+from tests.image.test_gate import config_env
 
 NOT_BAKED = "not run: the image bakes no model (build.py --model)"
 MODEL_LABELS = (NAME_LABEL, DIGEST_LABEL, SIZE_LABEL, PATH_LABEL)
@@ -69,7 +70,7 @@ def _manifest(launched: Launched, labels: dict[str, str]) -> str:
 
 
 @pytest.mark.resolution
-def test_model_labels_match_manifest(image: ImageUnderTest, model_labels: dict[str, str],
+def test_model_labels_match_manifest(image: ImageUnderTest, image_attrs: dict, model_labels: dict[str, str],
                                      serverless: Launched) -> None:
     manifest = _manifest(serverless, model_labels)
     digest = f"sha256:{hashlib.sha256(manifest.encode('utf-8')).hexdigest()}"
@@ -85,7 +86,9 @@ def test_model_labels_match_manifest(image: ImageUnderTest, model_labels: dict[s
         f"the model's files hold {sum(sizes.values())} bytes, {SIZE_LABEL} says {model_labels[SIZE_LABEL]}"
     path = model_labels[PATH_LABEL]
     assert path.removeprefix(f"{BAKED_DIR}/") in {name, *listed}, f"{PATH_LABEL} {path} is not the baked model"
-    assert image.expected_env.get(image.spec.engine.model_var) == path
+    model_var = image.spec.engine.model_var
+    baked_default = config_env(image_attrs).get(model_var)
+    assert baked_default == path, f"the image's {model_var} is {baked_default!r}, not the baked {path}"
 
 
 @pytest.mark.resolution
