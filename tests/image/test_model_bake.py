@@ -10,22 +10,20 @@ image that bakes no model the checks are reported as not run, with the reason.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 
 from bakery.bases import make as bases
 from bakery.build.builder import build_image
-from bakery.build.verify import run_gate
 from bakery.docker.build import build
 from bakery.model.manifest import BAKED_DIR, BakedModel
 from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.plan import BuildOptions, make_plan
 from bakery.recipe.render import render
 from bakery.spec.engine_spec import load_engine
-from tests.image.conftest import LEFTOVER_NOTE, SUITE_TAG, build_local_image
-from tests.image.launch import RUN_ID_VAR, leftover_containers
+from tests.image.conftest import SUITE_TAG, build_local_image
+from tests.image.test_planted import assert_caught, gate_run
 
 ENGINE = "llama"
 MODEL_CHECKS = ("test_model_labels_match_manifest", "test_model_files_pass_sha256sum",
@@ -51,14 +49,7 @@ def baked(docker_client) -> tuple[str, BakedModel]:
 def gate(image_id: str, monkeypatch: pytest.MonkeyPatch, docker_client, checks: tuple[str, ...] = MODEL_CHECKS,
          digest: str | None = None):
     """The gate's `checks` on `image_id`, as a run of its own that must leave no container behind."""
-    run_id = f"model-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv(RUN_ID_VAR, run_id)
-    result = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=["-k", " or ".join(checks)],
-                      baked_digest=digest)
-    monkeypatch.delenv(RUN_ID_VAR)
-    assert not leftover_containers(docker_client, run_id), f"the gate left containers behind: {result.output[-2000:]}"
-    assert LEFTOVER_NOTE not in result.output, result.output[-2000:]
-    return result
+    return gate_run(image_id, monkeypatch, docker_client, set(checks), engine=ENGINE, baked_digest=digest)
 
 
 def test_the_engine_serves_exactly_the_baked_model(baked, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
@@ -114,13 +105,10 @@ def test_a_planted_model_defect_is_caught(defect: str, baked, tmp_path: Path, mo
     image_id = overlay(tmp_path, step)
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "180"))
     try:
-        result = gate(image_id, monkeypatch, docker_client, tuple(sorted(catchers)), digest=f"sha256:{model.digest}")
+        result = gate(image_id, monkeypatch, docker_client, tuple(catchers), digest=f"sha256:{model.digest}")
     finally:
         docker_client.images.remove(image_id, force=True)
-    assert result.ran, f"no check ran with {defect!r}:\n{result.output[-3000:]}"
-    assert not result.passed, f"the gate passed an image with {defect!r}"
-    failed = {name.split("[")[0] for name in result.failed}
-    assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
+    assert_caught(result, defect, catchers)
 
 
 def test_on_a_plain_image_the_model_checks_are_not_run(monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
