@@ -43,6 +43,9 @@ GATE_STAGES_VAR = "BAKERY_GATE_STAGES"
 # The digest of the model the build baked (build.py --model), so the gate's model checks fail on an image
 # that does not carry it (read by tests/image/test_gate_model.py).
 GATE_BAKED_DIGEST_VAR = "BAKERY_GATE_BAKED_DIGEST"
+# The path of the model the image under test bakes: set by the gate's own conftest from the image's labels
+# (tests/image/launch.py), never inherited from whoever runs the gate.
+GATE_BAKED_MODEL_VAR = "BAKERY_GATE_BAKED_MODEL"
 
 
 @dataclass
@@ -77,6 +80,7 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
         env = {**os.environ, GATE_BASE_VAR: variant, GATE_STAGES_VAR: str(stages_file)}
         env.pop(GATE_MODEL_VAR, None)
         env.pop(GATE_BAKED_DIGEST_VAR, None)
+        env.pop(GATE_BAKED_MODEL_VAR, None)
         if baked_digest:
             env[GATE_BAKED_DIGEST_VAR] = baked_digest
         if images_dir:

@@ -26,7 +26,7 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.build.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+from bakery.build.verify import GATE_BAKED_MODEL_VAR, GATE_BASE_VAR, GATE_MODEL_VAR
 from bakery.spec.engine_facts import facts
 from bakery.spec.engine_spec import EngineSpec
 
@@ -87,7 +87,7 @@ def launch_options(spec: EngineSpec) -> dict[str, Any]:
 # The model an image under test bakes (its ai.bakery.model.path label, build.py --model), set by the gate's
 # conftest from the image's labels: its launches then leave the model variable unset, so what runs is the
 # image's own default, as a launch template that sets none would run it.
-BAKED_MODEL_VAR = "BAKERY_GATE_BAKED_MODEL"
+BAKED_MODEL_VAR = GATE_BAKED_MODEL_VAR
 
 
 def baked_model() -> str | None:
