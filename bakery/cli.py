@@ -10,7 +10,7 @@ from pathlib import Path
 from bakery import __version__
 from bakery.errors import BakeryError, InputError
 from bakery.recipe.build_facts import BuildFacts
-from bakery.recipe.plan import BuildOptions, choose_base, make_plan
+from bakery.recipe.plan import BuildOptions, baked_model, choose_base, make_plan
 from bakery.recipe.render import check_templates_dir, render
 from bakery.recipe.tags import check_repository
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
@@ -29,6 +29,8 @@ examples:
                                                      an engine whose spec and template live elsewhere
   python build.py --engine llama --push --repository ghcr.io/acme
                                                      verify, then push the verified digest
+  python build.py --engine llama --local --model ~/models/SmolLM2-135M-Instruct.Q4_1.gguf
+                                                     bake a model into its own layer, below the worker's
 
 exit codes: 0 success, 1 a build or a verification check failed, 2 bad input
 """
@@ -84,6 +86,14 @@ def make_parser() -> argparse.ArgumentParser:
                       help="with --base-image: the model that base serves (the value of the engine's model "
                            "variable); the gate's checks that need a model run only with it, else are reported "
                            "as not run")
+    base.add_argument("--model", type=Path, metavar="PATH",
+                      help="bake this model (a file or directory; a Hugging Face cache snapshot, "
+                           "models--org--name/snapshots/<rev>/, works too) into the image, in its own layer right "
+                           "after FROM, so a worker or bake change never rebuilds or re-pushes it; the engine's "
+                           "model variable defaults to it (a launch template may still set another), every tag "
+                           "carries -model-<name>-<digest12>, and the gate checks the engine serves exactly it. "
+                           "Its format must be the spec's engine.model_format (gguf or safetensors); files that "
+                           "look like credentials are refused")
     base.add_argument("--repository", metavar="PREFIX", default="bakery",
                       help="image repository prefix for tags, e.g. ghcr.io/acme (default: bakery)")
     out = p.add_argument_group("output")
@@ -116,7 +126,8 @@ def cmd_list(images_dir: Path | None = None) -> int:
 def cmd_render(specs: list[EngineSpec], options: BuildOptions, *, out: Path | None, quiet: bool) -> int:
     """--render-only: print the Dockerfiles, or write out/<engine>/Dockerfile."""
     for spec in specs:
-        rendered = render(spec, choose_base(spec, options).render_options(options.templates_dir))
+        model = baked_model(spec, options)
+        rendered = render(spec, choose_base(spec, options).render_options(options.templates_dir, model))
         if out:
             target = out / spec.name / "Dockerfile"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +146,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(local=args.local, base_image=args.base_image, base_model=args.base_model,
                         repository=args.repository,
                         templates_dir=args.templates_dir, images_dir=args.images_dir,
-                        verify=not args.no_verify, push=args.push)
+                        verify=not args.no_verify, push=args.push, model=args.model)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -159,6 +170,21 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--base-model {args.base_model!r}: give the model's path or id, printable and not blank")
     if args.repository != "bakery":
         check_repository(args.repository)
+    if args.model is not None:
+        _check_model_arguments(args)
+
+
+def _check_model_arguments(args: argparse.Namespace) -> None:
+    """--model bakes one model from this machine into one engine's image built here: refuse what can't honour it."""
+    if args.bake_file:
+        raise InputError("--model with --bake-file: a bake file's targets build elsewhere (remote BuildKit), where "
+                         "this machine's model is not; build the model image here without --bake-file")
+    if args.all or len(set(args.engine)) > 1:
+        raise InputError("--model bakes one model into one engine's image (each engine serves its own format): "
+                         "give one --engine")
+    if args.base_model is not None:
+        raise InputError("--model with --base-model: the image serves the baked model, not the base's; drop "
+                         "--base-model")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             from bakery.recipe.show import show
 
             for spec in specs:
-                print(show(spec))
+                print(show(spec, baked_model(spec, options)))
             return 0
         if args.render_only:
             return cmd_render(specs, options, out=args.out, quiet=args.quiet)

@@ -36,6 +36,7 @@ import docker.errors
 from bakery.build.builder import build_args
 from bakery.build.verify import run_gate
 from bakery.host.wheelhouse import wheelhouse
+from bakery.model.manifest import BakedModel
 from bakery.recipe.render import RenderOptions, render, write_context
 from bakery.spec.engine_spec import REPO_ROOT, EngineSpec, parse_spec
 
@@ -138,9 +139,10 @@ class Builds:
         self.tmp = Path(tempfile.mkdtemp(prefix="bakery-bench-build-"))
         self.kept: list[str] = []  # the image the boot tests and the gate use: removed by close()
 
-    def context(self, name: str, spec: EngineSpec | None = None) -> Path:
-        """A build context for `spec` (default: the engine's own) under this bench's directory."""
-        rendered = render(spec or self.spec, RenderOptions(base_image=self.base_ref))
+    def context(self, name: str, spec: EngineSpec | None = None, model: BakedModel | None = None) -> Path:
+        """A build context for `spec` (default: the engine's own), with `model` baked if given, under this
+        bench's directory."""
+        rendered = render(spec or self.spec, RenderOptions(base_image=self.base_ref, model=model))
         return write_context(rendered, self.tmp / name, wheelhouse())
 
     def image(self) -> str:

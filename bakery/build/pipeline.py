@@ -42,19 +42,26 @@ def run_engine(plan: BuildPlan, *, quiet: bool = False) -> dict[str, Any]:
     base = prepare_base(plan, progress)
     bases.ensure_base("debian", progress=progress)  # the bundled-Python stage builds from it
     rendered = render(spec, plan.render)
+    if plan.model is not None:
+        model = plan.model
+        progress(f"baking model {model.name} ({len(model.hashes)} files, {model.size} bytes, digest "
+                 f"sha256:{model.digest[:12]}) into its own layer at {model.image_path}")
     progress(f"building on {base} ({plan.variant} base)")
     # This engine builds one image, for this machine's platform (its base exists for that one).
     built = build_image(rendered, progress, host_platform(), buildargs=plan.facts.build_args())
     progress(f"built {built.image_id[:19]} ({built.steps} steps, {built.cached_steps} from cache)")
     summary: dict[str, Any] = {"engine": spec.name, "image_id": built.image_id, "base": base,
                                "variant": plan.variant, "tags": [], "pushed": [], "failed_checks": []}
+    if plan.model is not None:
+        summary["model"] = plan.model.labels()
     if not plan.verify:
         progress("--no-verify: not verified, so not tagged")
         summary.update(ok=True, verified=False)
     else:
         progress("verifying (tests/image)")
         gate = run_gate(built.image_id, spec.name, variant=plan.variant, quiet=quiet, progress=progress,
-                        images_dir=plan.images_dir, model=plan.base.model)
+                        images_dir=plan.images_dir, model=plan.base.model,
+                        baked_digest=f"sha256:{plan.model.digest}" if plan.model is not None else None)
         summary.update(verified=gate.passed, checks_run=gate.ran, failed_checks=gate.failed,
                        checks_not_run=gate.not_run, checks_not_run_reasons=gate.not_run_reasons,
                        gate_seconds=round(gate.seconds, 1), time_to_ready=gate.time_to_ready)

@@ -23,7 +23,8 @@ from bakery.spec.engine_spec import IMAGES_DIR_VAR
 
 # The gate is exactly these checks (the image and its engine; the worker as the platform sees it,
 # against the control-plane stand-in); the other files of tests/image/ are tests OF the gate.
-GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py", GATE_DIR / "test_gate_contents.py")
+GATE_CHECKS = (GATE_DIR / "test_gate.py", GATE_DIR / "test_gate_platform.py", GATE_DIR / "test_gate_contents.py",
+               GATE_DIR / "test_gate_model.py")
 # Which checks a base can take: a local base runs everything; a production base (GPU engines) runs
 # what needs no engine: the image's configuration and the worker's resolution. A custom base (a
 # team's own, --base-image) runs everything too; its serve checks need the model it serves
@@ -39,6 +40,12 @@ GATE_BASE_VAR = "BAKERY_GATE_BASE"
 GATE_MODEL_VAR = "BAKERY_GATE_MODEL"
 # Where the gate keeps each launch's time to ready by stage (tests/image/stages.py STAGES_FILE_VAR).
 GATE_STAGES_VAR = "BAKERY_GATE_STAGES"
+# The digest of the model the build baked (build.py --model), so the gate's model checks fail on an image
+# that does not carry it (read by tests/image/test_gate_model.py).
+GATE_BAKED_DIGEST_VAR = "BAKERY_GATE_BAKED_DIGEST"
+# The path of the model the image under test bakes: set by the gate's own conftest from the image's labels
+# (tests/image/launch.py), never inherited from whoever runs the gate.
+GATE_BAKED_MODEL_VAR = "BAKERY_GATE_BAKED_MODEL"
 
 
 @dataclass
@@ -57,10 +64,12 @@ class GateResult:
 
 def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool = False,
              progress: Callable[[str], None] | None = None, extra: list[str] | None = None,
-             images_dir: Path | None = None, model: str | None = None) -> GateResult:
+             images_dir: Path | None = None, model: str | None = None,
+             baked_digest: str | None = None) -> GateResult:
     """Run the gate's checks on `image_id`; returns which checks failed (by name) and which were not
     run. `images_dir` holds the engine's spec when it is not the repository's images/ (the gate reads it
-    from $BAKERY_IMAGES_DIR); `model` is the model a custom base serves (build.py --base-model)."""
+    from $BAKERY_IMAGES_DIR); `model` is the model a custom base serves (build.py --base-model);
+    `baked_digest` the digest label of the model the build baked (build.py --model)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "gate.xml"
         cmd = [sys.executable, "-m", "pytest", *map(str, GATE_CHECKS), "-p", "no:cacheprovider", "-rN",
@@ -70,6 +79,10 @@ def run_gate(image_id: str, engine: str, *, variant: str = "local", quiet: bool 
         stages_file = Path(tmp) / "stages.jsonl"
         env = {**os.environ, GATE_BASE_VAR: variant, GATE_STAGES_VAR: str(stages_file)}
         env.pop(GATE_MODEL_VAR, None)
+        env.pop(GATE_BAKED_DIGEST_VAR, None)
+        env.pop(GATE_BAKED_MODEL_VAR, None)
+        if baked_digest:
+            env[GATE_BAKED_DIGEST_VAR] = baked_digest
         if images_dir:
             env[IMAGES_DIR_VAR] = str(images_dir.resolve())
         if model:

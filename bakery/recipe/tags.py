@@ -12,7 +12,9 @@ For engine `llama` at engine version `b11434`, bakery 0.1.0, commit abc1234, rep
 
 An image built on another base than the spec's production one gets the variant in every tag
 (`-local` for this machine's bases, `-custom` for --base-image) and never `latest`, so a stand-in
-build can never be mistaken for a production one. A build from a dirty tree or outside git has no
+build can never be mistaken for a production one. An image with a baked model (build.py --model) carries
+`-model-<name>-<digest12>` in every tag too, and never `latest`, so it is never taken for the plain
+engine image. A build from a dirty tree or outside git has no
 commit tag (its revision label says `-dirty` / `unknown`).
 
 Release tags go only to an image that passed the gate (bakery.build.publish). Before that, a build made
@@ -76,35 +78,36 @@ def _check_variant(variant: str) -> str:
 
 
 def release_tags(spec: EngineSpec, *, repository: str = "bakery", variant: str = "production",
-                 revision: str = "unknown") -> list[str]:
-    """All release tags for one verified image, most specific first."""
-    suffix = _check_variant(variant)
+                 revision: str = "unknown", model: str | None = None) -> list[str]:
+    """All release tags for one verified image, most specific first; `model` is a baked model's tag
+    variant (bakery.model.manifest.BakedModel.tag_variant), which every tag then carries."""
+    suffix = _check_variant(variant) + (f"-{model}" if model else "")
     repo = image_repository(spec, repository)
     versions = f"{spec.version}-bakery{__version__}"
     tags = []
     if has_commit(revision):
         tags.append(f"{versions}-g{revision[:7]}{suffix}")
     tags += [f"{versions}{suffix}", f"{spec.version}{suffix}"]
-    if variant == "production":
+    if variant == "production" and not model:
         tags.append("latest")
     return [f"{repo}:{_clean(tag)}" for tag in tags]
 
 
 def platform_tag(spec: EngineSpec, platform: str, *, repository: str = "bakery", variant: str = "production",
-                 revision: str = "unknown") -> str:
+                 revision: str = "unknown", model: str | None = None) -> str:
     """The per-platform tag of one verified single-platform image: the most specific release tag + `-<arch>`.
 
     A multi-arch release pushes each platform's verified image under this tag, then assembles the
     release tags as a manifest list of exactly those digests.
     """
-    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision)[0]
+    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model)[0]
     return f"{most_specific}-{arch(platform)}"
 
 
 def candidate_tag(spec: EngineSpec, platform: str, *, repository: str = "bakery", variant: str = "production",
-                  revision: str = "unknown") -> str:
+                  revision: str = "unknown", model: str | None = None) -> str:
     """The one tag a not-yet-verified build carries (bake files tag with it; never a release tag)."""
-    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision)[0]
+    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model)[0]
     repo, _, tag = most_specific.rpartition(":")
     return f"{repo}:{_clean(f'candidate-{tag}-{arch(platform)}')}"
 

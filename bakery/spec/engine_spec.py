@@ -220,12 +220,26 @@ class BaseImage(_Strict):
         return self
 
 
+# The model formats `build.py --model` can bake (bakery.model.source reads each one).
+MODEL_FORMATS = ("gguf", "safetensors")
+
+
 class EngineLaunch(_Strict):
     """How the entry point starts the engine on 127.0.0.1:18000."""
 
     command: list[StrictStr] = Field(min_length=1)
     model_var: StrictStr
     args_var: StrictStr
+    model_format: StrictStr | None = Field(
+        default=None, description=f"the model format the engine serves, one of {', '.join(MODEL_FORMATS)}: what "
+                                  "build.py --model may bake (none: --model is refused)")
+
+    @field_validator("model_format")
+    @classmethod
+    def _model_format(cls, value: str | None) -> str | None:
+        if value is not None and value not in MODEL_FORMATS:
+            raise ValueError(f"{value!r}: choose one of {', '.join(MODEL_FORMATS)}")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineLaunch:

@@ -17,14 +17,17 @@ import docker.errors
 import pytest
 
 from bakery.build.verify import GATE_BASE_VAR
+from bakery.model.manifest import PATH_LABEL
 from bakery.recipe.render import baked_env
 from bakery.spec import engine_facts
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
 from tests.image import stages
 from tests.image.launch import (
+    BAKED_MODEL_VAR,
     HEALTH_COMMAND,
     WORKER_PYTHON,
     Launched,
+    baked_model,
     gate_model,
     is_ready_report,
     launch,
@@ -49,6 +52,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("bakery gate")
     group.addoption("--bakery-image", help="verify this image id (build.py's gate mode)")
     group.addoption("--bakery-engine", help="the engine of --bakery-image")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Gate mode: when the image under test bakes a model (its ai.bakery.model.path label), every launch
+    leaves the model variable unset (launch.BAKED_MODEL_VAR), so the checks run the baked default."""
+    given = config.getoption("--bakery-image", default=None)
+    if not given:
+        return
+    try:
+        labels = docker.from_env().images.get(given).attrs["Config"].get("Labels") or {}
+    except docker.errors.DockerException:
+        return  # the checks' docker_client fixture names the missing engine or image
+    if labels.get(PATH_LABEL):
+        os.environ[BAKED_MODEL_VAR] = labels[PATH_LABEL]
 
 
 # Printed at the end of a run that had to remove containers its checks left behind (a fixture that
@@ -152,7 +169,10 @@ def image(engine: str, request: pytest.FixtureRequest, docker_client: docker.Doc
     """The image under test: the given id in gate mode, a fresh local build in suite mode."""
     spec = load_engine(engine)
     image_id = request.config.getoption("--bakery-image") or build_local_image(spec)
-    return ImageUnderTest(engine=engine, spec=spec, image_id=image_id, expected_env=baked_env(spec))
+    expected = baked_env(spec)
+    if baked_model():  # the model variable's baked default (the model checks hold it to the manifest)
+        expected[spec.engine.model_var] = baked_model() or ""
+    return ImageUnderTest(engine=engine, spec=spec, image_id=image_id, expected_env=expected)
 
 
 @pytest.fixture(scope="session")

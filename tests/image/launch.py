@@ -26,7 +26,7 @@ import docker
 import docker.errors
 import testinfra
 
-from bakery.build.verify import GATE_BASE_VAR, GATE_MODEL_VAR
+from bakery.build.verify import GATE_BAKED_MODEL_VAR, GATE_BASE_VAR, GATE_MODEL_VAR
 from bakery.spec.engine_facts import facts
 from bakery.spec.engine_spec import EngineSpec
 
@@ -84,9 +84,23 @@ def launch_options(spec: EngineSpec) -> dict[str, Any]:
     return {"shm_size": shm} if shm else {}
 
 
+# The model an image under test bakes (its ai.bakery.model.path label, build.py --model), set by the gate's
+# conftest from the image's labels: its launches then leave the model variable unset, so what runs is the
+# image's own default, as a launch template that sets none would run it.
+BAKED_MODEL_VAR = GATE_BAKED_MODEL_VAR
+
+
+def baked_model() -> str | None:
+    """The path of the model the image under test bakes, or None for a plain image."""
+    return os.environ.get(BAKED_MODEL_VAR) or None
+
+
 def gate_model(spec: EngineSpec) -> str | None:
-    """The model the base under test serves: on a team's own base (build.py --base-image) the one
-    --base-model names, if any; on the bases bakery knows, images/<engine>.yaml base.local_model."""
+    """The model the image under test serves: the one it bakes (build.py --model), if any; on a team's own
+    base (build.py --base-image) the one --base-model names, if any; on the bases bakery knows,
+    images/<engine>.yaml base.local_model."""
+    if baked_model():
+        return baked_model()
     if os.environ.get(GATE_BASE_VAR) == "custom":
         return os.environ.get(GATE_MODEL_VAR) or None
     return facts(spec).local_model
@@ -99,9 +113,11 @@ UNNAMED_MODEL = "bakery-gate/model-not-named"
 
 
 def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
-    """A serverless launch: SERVERLESS, the model variable and the platform's variables, nothing baked."""
+    """A serverless launch: SERVERLESS, the model variable (unless the image bakes its model) and the
+    platform's variables, nothing baked."""
     engine = facts(spec)
-    env = {"SERVERLESS": "true", **engine.launch_env(gate_model(spec) or UNNAMED_MODEL), **PLATFORM_ENV,
+    model = None if baked_model() else (gate_model(spec) or UNNAMED_MODEL)
+    env = {"SERVERLESS": "true", **engine.launch_env(model), **PLATFORM_ENV,
            **BENCHMARK_ENV, **GRACE_ENV, **(engine.local_env if on_local_base() else {})}
     env.update(overrides)
     return env

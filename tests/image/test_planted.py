@@ -63,17 +63,27 @@ DEFECTS = {
 }
 
 
-def gate_run(image_id: str, monkeypatch: pytest.MonkeyPatch, docker_client, catchers: set[str] | None = None):
-    """run_gate on `image_id` (only `catchers` when given) as a run of its own, which must leave no
-    container behind: none of its label remains, and its fixtures removed them (no backstop sweep)."""
+def gate_run(image_id: str, monkeypatch: pytest.MonkeyPatch, docker_client, catchers: set[str] | None = None, *,
+             engine: str = ENGINE, baked_digest: str | None = None):
+    """run_gate on `image_id` of `engine` (only `catchers` when given; `baked_digest`: the model the build baked)
+    as a run of its own, which must leave no container behind: none of its label remains, and its fixtures
+    removed them (no backstop sweep)."""
     run_id = f"planted-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv(RUN_ID_VAR, run_id)
     extra = ["-k", " or ".join(sorted(catchers))] if catchers else None
-    gate = run_gate(image_id, ENGINE, variant="local", quiet=True, extra=extra)
+    gate = run_gate(image_id, engine, variant="local", quiet=True, extra=extra, baked_digest=baked_digest)
     monkeypatch.delenv(RUN_ID_VAR)
     assert not leftover_containers(docker_client, run_id), f"the gate left containers behind: {gate.output[-2000:]}"
     assert LEFTOVER_NOTE not in gate.output, f"a check left containers for the sweep to remove:\n{gate.output[-2000:]}"
     return gate
+
+
+def assert_caught(gate, defect: str, catchers: set[str]) -> None:
+    """A gate run on an image with `defect` ran checks, and every one of `catchers` failed."""
+    assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
+    assert not gate.passed, f"the gate passed an image with {defect!r}"
+    failed = {name.split("[")[0] for name in gate.failed}
+    assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +131,7 @@ def test_planted_defect_is_caught(defect: str, pristine, monkeypatch: pytest.Mon
         gate = gate_run(image_id, monkeypatch, docker_client, catchers)
     finally:
         docker_client.images.remove(image_id, force=True)
-    assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
-    assert not gate.passed, f"the gate passed an image with {defect!r}"
-    failed = {name.split("[")[0] for name in gate.failed}
-    assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
+    assert_caught(gate, defect, catchers)
 
 
 def test_pristine_image_passes_the_same_gate(pristine_image: str, monkeypatch: pytest.MonkeyPatch,
@@ -231,6 +238,4 @@ def test_content_defect_is_caught(defect: str, pristine_image: str, tmp_path: Pa
         gate = gate_run(image_id, monkeypatch, docker_client, catchers)
     finally:
         docker_client.images.remove(image_id, force=True)
-    assert gate.ran, f"no check ran with {defect!r}:\n{gate.output[-3000:]}"
-    failed = {name.split("[")[0] for name in gate.failed}
-    assert catchers <= failed, f"{defect!r}: expected {sorted(catchers)} to fail, failed: {sorted(failed)}"
+    assert_caught(gate, defect, catchers)

@@ -41,7 +41,8 @@ _RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "system", "whi
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "core": (("bakery", "bakery.paths", "bakery.errors", "bakery.tracked"), ()),
     "spec": (("bakery.spec",), ("core",)),
-    "recipe": (("bakery.recipe",), ("core", "spec")),
+    "model": (("bakery.model",), ("core", "spec")),
+    "recipe": (("bakery.recipe",), ("core", "spec", "model")),
     "host": (("bakery.host",), ("core", "spec")),
     "docker": (("bakery.docker",), ("core", "spec")),
     "bases": (("bakery.bases",), ("core", "spec", "host", "docker")),
