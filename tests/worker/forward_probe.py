@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 from typing import Any
 
@@ -117,6 +118,17 @@ async def engine(answers: list[bytes | None], stall: bool = False) -> tuple[asyn
     return server, peers
 
 
+async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: list[bytes]) -> None:
+    """Read one request, write the next of `answers`, close."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        writer.write(answers.pop(0))
+        await writer.drain()
+    finally:
+        writer.close()
+
+
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 OK_CLOSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
 
@@ -169,6 +181,37 @@ async def pooling() -> dict[str, Any]:
         report["silent"] = {"error": "TimeoutError", "seconds": round(loop.time() - start, 3)}
     pool.close()
     server.close()
+
+    # vLLM's start: the port is bound, and listened on only after the load line. A first connection
+    # refused then is tried again within the grace; after one connection was made, a refusal (the
+    # engine gone) reaches the caller at once.
+    late = socket.socket()
+    late.bind(("127.0.0.1", 0))
+    late_port = late.getsockname()[1]
+    pool = forward.Pool("127.0.0.1", late_port, 5, 5, 4, first_connect_grace=5.0)
+    answers = [OK_CLOSE]
+
+    async def listen_late() -> asyncio.base_events.Server:
+        await asyncio.sleep(0.3)
+        return await asyncio.start_server(lambda r, w: serve_once(r, w, answers), sock=late)
+
+    listening = asyncio.ensure_future(listen_late())
+    start = loop.time()
+    try:
+        body = await (await pool.post("/v1/x", {})).read()
+        report["late_listener"] = {"body": body.decode(), "seconds": round(loop.time() - start, 3)}
+    except OSError as exc:
+        report["late_listener"] = type(exc).__name__
+    late_server = await listening
+    late_server.close()
+    await late_server.wait_closed()
+    start = loop.time()
+    try:
+        await pool.post("/v1/x", {})
+        report["refused_after_first"] = "answered"
+    except OSError as exc:
+        report["refused_after_first"] = {"error": type(exc).__name__, "seconds": round(loop.time() - start, 3)}
+    pool.close()
 
     # Nobody listens: the connection error reaches the caller (the SDK answers 500).
     pool = forward.Pool("127.0.0.1", port, 5, 5, 4)

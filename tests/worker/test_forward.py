@@ -73,6 +73,15 @@ def test_a_silent_engine_times_out_and_a_refused_one_raises(report: dict[str, An
     assert report["pooling"]["refused"] == "ConnectionRefusedError"
 
 
+def test_a_first_connection_refused_is_tried_again_and_a_later_refusal_is_not(report: dict[str, Any]) -> None:
+    # vLLM prints its load line before it listens on its bound port: the benchmark, the first
+    # engine call, must not fail on that window; an engine gone after serving fails at once.
+    late = report["pooling"]["late_listener"]
+    assert isinstance(late, dict) and late["body"] == "{}" and late["seconds"] >= 0.25, late
+    after = report["pooling"]["refused_after_first"]
+    assert after["error"] == "ConnectionRefusedError" and after["seconds"] < 1.0, after
+
+
 def test_only_plain_http_engine_urls_use_this_client(report: dict[str, Any]) -> None:
     assert report["engine_address"] == {"http://127.0.0.1:18000": ["127.0.0.1", 18000],
                                         "http://localhost": ["localhost", 80],

@@ -4,7 +4,7 @@ An engine profile (`bakery_standin.vllm_engine`, `bakery_standin.sglang_engine`)
 its command line, its log grammar and when its port opens. `run()` drives the common timeline:
 
     banner -> [vLLM: bind the port, not listening] -> load (STANDIN_LOAD_SECONDS) -> loaded
-    vLLM:   warm-up (port still closed) -> listen -> ready line           /health: refused, then 200
+    vLLM:   warm-up (port still closed) -> ready line -> listen           /health: refused, then 200
     SGLang: bind + listen -> warm-up (/health 503) -> ready line           /health: 503, then 200
     -> serve until SIGTERM/SIGINT (exit 0) or STANDIN_CRASH_AFTER_LOAD (fatal lines, /health 503, exit 1)
 """
@@ -942,11 +942,13 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
         if stop.wait(warmup):
             server.server_close()
             return 0
-        server.server_activate()
+        # vLLM's order: uvicorn prints its startup lines (the load line among them) and only then
+        # listens on the socket bound before the load; a client acting on the load line can be refused.
         state.value = State.READY
-        serving.start()
         profile.listening(cfg)
         profile.ready(cfg)
+        server.server_activate()
+        serving.start()
 
     if opts.crash_after_load is not None and not stop.wait(opts.crash_after_load):
         state.value = State.DEAD

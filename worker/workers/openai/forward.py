@@ -363,10 +363,13 @@ class Pool:
     `keepalive` seconds is handed out (the engines drop theirs after 5 s)."""
 
     def __init__(self, host: str, port: int, connect_timeout: float, idle_timeout: float,
-                 keepalive: float) -> None:
+                 keepalive: float, first_connect_grace: float = 0.0) -> None:
         self.host, self.port = host, port
         self.connect_timeout, self.idle_timeout, self.keepalive = connect_timeout, idle_timeout, keepalive
         self.idle: list[Connection] = []
+        # Until one connection to the engine was made, a refused one is tried again for this long.
+        self.first_connect_grace = first_connect_grace
+        self.connected_once = False
 
     def put(self, conn: Connection) -> None:
         conn.idle_since = asyncio.get_running_loop().time()
@@ -382,9 +385,22 @@ class Pool:
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        connect = loop.create_connection(lambda: Connection(self), self.host, self.port)
-        _, conn = await asyncio.wait_for(connect, self.connect_timeout or None)
-        return conn
+        give_up = loop.time() + (0.0 if self.connected_once else self.first_connect_grace)
+        while True:
+            connect = loop.create_connection(lambda: Connection(self), self.host, self.port)
+            try:
+                _, conn = await asyncio.wait_for(connect, self.connect_timeout or None)
+            except ConnectionRefusedError:
+                # vLLM binds its port early and listens only after printing its load line
+                # (uvicorn's "Application startup complete."), so the benchmark, the first engine
+                # call, can meet a refusal. Before any connection was made it is tried again;
+                # after one, a refusal means the engine is gone and reaches the caller at once.
+                if loop.time() + FIRST_CONNECT_STEP > give_up:
+                    raise
+                await asyncio.sleep(FIRST_CONNECT_STEP)
+                continue
+            self.connected_once = True
+            return conn
 
     async def post(self, path: str, body: dict[str, Any]) -> Answer:
         """POST `body` as JSON to `path`; returns once the answer's head is in."""
@@ -512,6 +528,10 @@ def engine_address(url: str) -> tuple[str, int] | None:
     return parts.hostname, parts.port or 80
 
 
+FIRST_CONNECT_GRACE = 5.0  # seconds a refused first engine connection is tried again (Pool._connect)
+FIRST_CONNECT_STEP = 0.05
+
+
 def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float) -> Pool | None:
     """Send the JSON requests of `backend` (the SDK's Backend) through this module's client.
 
@@ -522,7 +542,7 @@ def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive
     address = engine_address(str(getattr(backend, "model_server_url", "")))
     if address is None:
         return None
-    pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive)
+    pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive, FIRST_CONNECT_GRACE)
     # The SDK's own per-request line, on its backend module's logger: BAKERY_LOG_REQUESTS keeps or
     # drops it with the SDK's other request lines (core.quiet_requests), as when the SDK posted.
     log = sdk_seam.backend_logger()

@@ -198,6 +198,8 @@ def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     if body.count(b"[") + body.count(b"{") <= limit:
         return False
     brackets = _JSON_STRING.sub(b"", body).translate(_SQUARE, _NOT_BRACKET)
+    if not brackets:  # every bracket was inside a string: a scalar, depth 0
+        return False
     if b"[" * (limit + 1) in brackets:  # one run opens too many: most deep bodies end here
         return True
     for peeled in (1, 2, 3, 4):
