@@ -29,7 +29,6 @@ import json
 import shutil
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -46,6 +45,7 @@ from build_bench import Builds, build, remove_images  # noqa: E402
 from run import cpu_idle  # noqa: E402
 
 from bakery.bases import make as bases  # noqa: E402
+from bakery.bases.local_model import local_model  # noqa: E402
 from bakery.model.manifest import BakedModel, bake  # noqa: E402
 from bakery.model.source import find_model  # noqa: E402
 from bakery.model.stage import stage_model  # noqa: E402
@@ -85,27 +85,6 @@ os.execv(entry[0], entry)
 
 def say(message: str) -> None:
     print(f"[model_cold_start] {message}", file=sys.stderr, flush=True)
-
-
-def local_model(client: docker.DockerClient, spec: EngineSpec, base_ref: str, tmp: Path) -> Path:
-    """The engine's local model on this machine: SmolLM2's GGUF from its wheel for a GGUF engine, else the
-    model directory the local base holds (base.local_model), copied out of it (streamed)."""
-    if spec.engine.model_format == "gguf":
-        return bases.smollm2_model_path()
-    source = spec.base.local_model or ""
-    container = client.containers.create(base_ref, command=["true"])
-    try:
-        chunks, _ = container.get_archive(source)
-        archive = tmp / "model.tar"
-        with archive.open("wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp / "extracted", filter="data")
-        archive.unlink()
-    finally:
-        container.remove(force=True)
-    return tmp / "extracted" / Path(source).name
 
 
 def settle(idle: list[float]) -> None:
@@ -154,7 +133,7 @@ def measure(engine: str, rounds: int) -> dict[str, Any]:
     made: list[str] = []
     network = hub = None
     try:
-        model = bake(find_model(local_model(client, spec, base_ref, tmp), spec))
+        model = bake(find_model(local_model(client, spec, tmp), spec))
         say(f"model {model.name}: {len(model.hashes)} file(s), {model.size / MB:.1f} MB")
         say("building the plain and the baked image (layer cache allowed)")
         plain = build(client, builds.context("plain"), nocache=False)

