@@ -133,7 +133,7 @@ def measure(engine: str, rounds: int) -> dict[str, Any]:
     made: list[str] = []
     network = hub = None
     try:
-        model = bake(find_model(local_model(client, spec, tmp), spec))
+        model = bake(find_model(local_model(spec, tmp), spec))
         say(f"model {model.name}: {len(model.hashes)} file(s), {model.size / MB:.1f} MB")
         say("building the plain and the baked image (layer cache allowed)")
         plain = build(client, builds.context("plain"), nocache=False)

@@ -4,33 +4,18 @@ the real vLLM)."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
-import docker
-
 from bakery.bases.make import ensure_base, smollm2_model_path
+from bakery.docker import engine as docker_engine
 from bakery.spec.engine_spec import EngineSpec
 
 
-def local_model(client: docker.DockerClient, spec: EngineSpec, tmp: Path) -> Path:
+def local_model(spec: EngineSpec, tmp: Path) -> Path:
     """SmolLM2's GGUF from its wheel for a GGUF engine; else the model directory the engine's local base
-    holds (base.local_model), copied out of it into `tmp` (streamed to disk, never held in memory)."""
+    holds (base.local_model), copied out of it into `tmp` (through a file, never held in memory)."""
     if spec.engine.model_format == "gguf":
         return smollm2_model_path()
-    source = spec.base.local_model or ""
-    if not source:
+    if not spec.base.local_model:
         raise ValueError(f"images/{spec.name}.yaml: base.local_model is not set, so its base holds no model")
-    container = client.containers.create(ensure_base(spec.base.local), command=["true"])
-    try:
-        chunks, _ = container.get_archive(source)
-        archive = tmp / "model.tar"
-        with archive.open("wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp / "extracted", filter="data")
-        archive.unlink()
-    finally:
-        container.remove(force=True)
-    return tmp / "extracted" / Path(source).name
+    return docker_engine.copy_from_image(ensure_base(spec.base.local), spec.base.local_model, tmp)

@@ -14,8 +14,10 @@ import functools
 import io
 import json
 import os
+import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -175,25 +177,52 @@ def finished_container(image: str, command: list[str], *, labels: dict[str, str]
         container.remove(force=True)
 
 
-def archive_from_image(image: str, path: str, *, max_bytes: int) -> bytes | None:
-    """`path` in the local image `image`, as the tar archive the engine sends (what `docker cp` reads),
-    from a container that is created and removed but never started, so nothing in the image runs;
-    None when the image has no `path`, ValueError when the archive grows past `max_bytes`."""
+@contextlib.contextmanager
+def _image_archive(image: str, path: str) -> Iterator[Iterable[bytes] | None]:
+    """The tar stream of `path` in the local image `image` (what `docker cp` reads), from a container
+    that is created and removed but never started, so nothing in the image runs; None when absent."""
     # The entry point is never run (the container is not started); it only has to exist for create.
     container = client().containers.create(image, entrypoint=["/bakery-never-runs"], network_disabled=True)
     try:
         try:
             stream, _stat = container.get_archive(path)
         except docker.errors.NotFound:
+            stream = None
+        yield stream
+    finally:
+        container.remove(force=True)
+
+
+def archive_from_image(image: str, path: str, *, max_bytes: int) -> bytes | None:
+    """`path` in the local image `image` as a tar archive in memory; None when the image has no `path`,
+    ValueError when the archive grows past `max_bytes`."""
+    with _image_archive(image, path) as stream:
+        if stream is None:
             return None
         buffer = io.BytesIO()
         for chunk in stream:
             buffer.write(chunk)
             if buffer.tell() > max_bytes:
                 raise ValueError(f"{path} in {image} is over {max_bytes} bytes")
-    finally:
-        container.remove(force=True)
     return buffer.getvalue()
+
+
+def copy_from_image(image: str, path: str, dest: Path) -> Path:
+    """`path` (a file or directory) of the local image `image`, copied into the directory `dest` through
+    a tar file on disk (never held in memory, for models of gigabytes); returns the copy's path."""
+    archive = dest / ".from-image.tar"
+    with _image_archive(image, path) as stream:
+        if stream is None:
+            raise FileNotFoundError(f"{path} is not in {image}")
+        with archive.open("wb") as out:
+            for chunk in stream:
+                out.write(chunk)
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+    finally:
+        archive.unlink()
+    return dest / Path(path).name
 
 
 # ---- registries, as the engine sees them -------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_the_real_vllm_serves_exactly_the_baked_safetensors(monkeypatch: pytest.
                                                             tmp_path: Path) -> None:
     # The other format: SmolLM2 as the safetensors directory the real vLLM's base made, baked into the
     # vLLM image; the real vLLM, launched without its model variable, serves the baked path.
-    model_dir = local_model(docker_client, load_engine("vllm"), tmp_path)
+    model_dir = local_model(load_engine("vllm"), tmp_path)
     image_id, model = build_baked(docker_client, "vllm", model_dir, f"bakery-test/model-baked-vllm:{SUITE_TAG}")
     assert len(model.hashes) > 1 and model.size > 200e6, model  # the directory, weights and tokenizer
     monkeypatch.setenv("BAKERY_GATE_READY_TIMEOUT", os.environ.get("BAKERY_PLANTED_READY_TIMEOUT", "300"))
