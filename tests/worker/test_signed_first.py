@@ -52,7 +52,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Ite
     record = tmp / "record.jsonl"
     with Harness(tmp, worker_python, key.pem) as harness:
         engine = harness.standin("vllm", STANDIN_RECORD=str(record))
-        served = harness.worker("vllm", engine, UNSECURED=None, OPENAI_ROUTES=ROUTES)
+        served = harness.worker("vllm", engine, UNSECURED=None, OPENAI_ROUTES=ROUTES, BAKERY_SESSIONS="true")
         served.worker.wait_for(SDK_READY, timeout=90)
         harness.reports.wait_loaded()
         yield Worker(served, key, stranger, record)
@@ -121,6 +121,28 @@ def test_an_unsigned_request_costs_at_most_three_times_its_size(worker: Worker) 
                        lambda: statuses.append(post(worker.served.port, "/v1/completions", body)[0]))
     assert statuses == [401]
     assert added <= 3 * len(body), f"{added / MIB:.0f} MiB added for a {len(body) / MIB:.0f} MiB body"
+
+
+def test_an_unsigned_session_call_costs_at_most_three_times_its_size(worker: Worker) -> None:
+    """With BAKERY_SESSIONS=true, /session/* calls are signed first too: an unsigned 16 MiB create
+    and end (items of `{}` in the payload) are refused with 401 for at most 3x their size (parsed
+    whole before the check, as they were, ~50x), and a signed create is judged after its check
+    (a lifetime over the cap: 422 signed, 401 unsigned)."""
+    items = b",".join([b"{}"] * (16 * MIB // 3))
+    statuses: list[int] = []
+    for route, key in (("/session/create", "auth_data"), ("/session/end", "session_auth")):
+        auth = json.dumps({**worker.auth(key=worker.stranger, idx=7), "cost": 8}).encode()  # a session's cost
+        body = (b'{"' + key.encode() + b'": ' + auth + b', "session_id": "s", "payload": {"lifetime": 5, "items": ['
+                + items + b"]}}")
+        added = peak_added(worker.served.worker.popen.pid,
+                           lambda body=body, route=route: statuses.append(post(worker.served.port, route, body)[0]))
+        assert statuses[-1] == 401, route
+        assert added <= 3 * len(body), f"{route}: {added / MIB:.0f} MiB added for a {len(body) / MIB:.0f} MiB body"
+    for key, status in ((worker.stranger, 401), (None, 422)):
+        auth = {**worker.auth(key=key, idx=8), "cost": 8}
+        code, answer = post(worker.served.port, "/session/create",
+                            json.dumps({"auth_data": auth, "payload": {"lifetime": 10**6}}).encode())
+        assert code == status, (code, answer)
 
 
 def test_signed_json_that_python_reads_differently_is_422_not_500(worker: Worker) -> None:

@@ -79,3 +79,52 @@ print(json.dumps([
     assert utf16 == "http://x"
     assert "JSON object" in brackets
     assert "64 levels" in deep
+
+
+SESSION_PROBE = r"""
+import json
+from workers.openai import front, signed_first
+GOOD = {"cost": 8, "endpoint": "e", "reqnum": 1, "request_idx": 2, "signature": "sig", "url": "http://x"}
+VALUES = [1, -5, 2**63, 1.0, True, None, "s", "", [], {}, {"a": 1}, "x" * 20000]
+
+
+def parsed_judgement(body, key):
+    # What the auth object is refused for, judged on the parsed body (front's rules).
+    if not isinstance(body, dict):
+        return front.NOT_AN_OBJECT
+    if key not in body:
+        return f"{key} is missing"
+    if not isinstance(body[key], dict):
+        return f"{key} must be a JSON object"
+    return front.auth_error(body[key], key)
+
+
+diffs, compared = [], 0
+for key in ("auth_data", "session_auth"):
+    bodies = [{key: GOOD, "payload": {"lifetime": 5}, "session_id": "s"}, {"payload": {}}, [], 5, None]
+    for field in GOOD:
+        bodies += [{key: {**GOOD, field: v}, "session_id": "s"} for v in VALUES]
+        bodies.append({key: {k: v for k, v in GOOD.items() if k != field}})
+    bodies += [{key: v, "payload": {"deep": [[v]]}} for v in VALUES]
+    for body in bodies:
+        compared += 1
+        found = signed_first.read_session_auth(json.dumps(body).encode(), None, key)
+        want = parsed_judgement(body, key)
+        if found.problem != want:
+            diffs.append([key, json.dumps(body)[:200], want, found.problem])
+        elif want is None and len(body[key]["url"]) < 100 and found.auth["url"] != body[key]["url"]:
+            diffs.append([key, json.dumps(body)[:200], "auth as sent", found.auth])
+print(json.dumps({"compared": compared, "diffs": diffs}))
+"""
+
+
+def test_a_session_calls_auth_is_judged_as_the_parsed_body(worker_python: Path) -> None:
+    """/session/* (BAKERY_SESSIONS=true): the auth object a call carries (auth_data to create,
+    session_auth after) is judged from its raw text as front judges the parsed body, so the
+    signature can be checked before anything else of the body is parsed."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    out = subprocess.run([str(worker_python), "-c", SESSION_PROBE], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout
+    result = json.loads(out)
+    assert result["compared"] > 100
+    assert result["diffs"] == []

@@ -133,6 +133,27 @@ def callback_error(route: Any, hosts: set[str]) -> str | None:
     return None
 
 
+NOT_AN_OBJECT = "the request body must be a JSON object"
+
+
+def session_error(data: Any, creating: bool, max_lifetime: float, hosts: set[str]) -> str | None:
+    """Why a signed /session/* call's decoded body is refused (its shape; to create: lifetime,
+    callback and a numeric cost), or None."""
+    if not isinstance(data, dict):
+        return NOT_AN_OBJECT
+    key = "auth_data" if creating else "session_auth"
+    auth = data.get(key)
+    problem = auth_error(auth, key) if isinstance(auth, dict) else f"{key} must be a JSON object"
+    if problem is None and creating:
+        problem = session_create_error(data.get("payload"), max_lifetime, hosts)
+        cost = auth["cost"]
+        if problem is None and (not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0):
+            problem = "auth_data.cost must be a non-negative number for a session"
+    if problem is None and not creating and not isinstance(data.get("session_id"), str):
+        problem = "session_id must be a string"
+    return problem
+
+
 def session_create_error(payload: Any, max_lifetime: float, hosts: set[str]) -> str | None:
     """Why a /session/create payload is refused (lifetime, callback), or None."""
     if not isinstance(payload, dict):
@@ -362,37 +383,3 @@ def not_ready_middleware(web: Any, routes: tuple[str, ...], is_loaded: Callable[
         return await handler(request)
 
     return not_ready
-
-
-def sessions_middleware(web: Any, enabled: bool, max_lifetime: float, hosts: set[str],
-                        verify: Callable[[dict[str, Any]], bool]) -> Any:
-    """/session/*: 404 unless `enabled`; else a well-formed call (lifetime, callback host, cost) whose
-    auth object `verify` accepts (the SDK's signature check, through the seam), or 422 / 401."""
-    @web.middleware
-    async def sessions(request: Any, handler: Any) -> Any:
-        if not is_under(request.path, "/session"):
-            return await handler(request)
-        if not enabled:
-            return error(web, 404, "sessions are disabled on this worker (BAKERY_SESSIONS)")
-        data, problem = await read_json(request)
-        if problem is None and not isinstance(data, dict):
-            problem = "the request body must be a JSON object"
-        if problem is None:
-            creating = request.path == "/session/create"
-            key = "auth_data" if creating else "session_auth"
-            auth = data.get(key)
-            problem = auth_error(auth, key) if isinstance(auth, dict) else f"{key} must be a JSON object"
-            if problem is None and creating:
-                problem = session_create_error(data.get("payload"), max_lifetime, hosts)
-                cost = auth["cost"]
-                if problem is None and (not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0):
-                    problem = "auth_data.cost must be a non-negative number for a session"
-            if problem is None and not creating and not isinstance(data.get("session_id"), str):
-                problem = "session_id must be a string"
-        if problem is not None:
-            return error(web, 422, problem)
-        if not verify(auth):
-            return error(web, 401, "the session request is not signed for this worker")
-        return await handler(request)
-
-    return sessions

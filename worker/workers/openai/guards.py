@@ -10,7 +10,8 @@ and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
   status reports, `Metrics.url`) and the signature is canonical base64 of exactly the key's size
   (else the SDK logs it raw) -> 401. Hook: the instance's `_Backend__check_signature`.
 - sessions: /session/* answers 404 unless BAKERY_SESSIONS=true; when on, every call must be signed
-  for this worker, lifetimes are capped and the close callback may only go to REPORT_ADDR's host.
+  for this worker (its auth object checked before the body is parsed: signed_first.py), lifetimes
+  are capped and the close callback may only go to REPORT_ADDR's host.
 - self_update: /pyworker/* -> 403 (an image is version-locked; vastai lets an empty MASTER_TOKEN in).
 - limits: request body size (413), body read time (408), header time (keep-alive timer), engine
   connect and idle-read timeouts (504). Hooks: the `web` name the SDK's server module uses
@@ -242,6 +243,7 @@ def _install_own_url(ctx: Context, web: Any) -> None:
 
 
 def _install_sessions(ctx: Context, web: Any) -> None:
+    from workers.openai import signed_first  # msgspec: the worker venv's
     _, auth_cls = sdk_seam.module_hook("auth_data", "guard sessions")
     _hook(ctx.backend, "check_signature", "sessions")  # called per request (own_url may wrap it)
     backend, limits = ctx.backend, ctx.limits
@@ -249,7 +251,7 @@ def _install_sessions(ctx: Context, web: Any) -> None:
     def verify(auth: dict[str, Any]) -> bool:
         return sdk_seam.check_signature(backend, auth_cls.from_json_msg(auth))
 
-    ctx.middlewares.append((RANK["sessions"], front.sessions_middleware(
+    ctx.middlewares.append((RANK["sessions"], signed_first.sessions_middleware(
         web, limits.sessions, limits.session_max_lifetime, report_hosts(ctx.report_addr), verify)))
 
 

@@ -19,6 +19,9 @@ escapes (`"\\ud800"`): neither is JSON (RFC 8259), and an attacker could use eit
 worker fall back to a materialising parse. auth_data's url and signature longer than AUTH_TEXT_LIMIT
 are taken as not signed (the platform signs its worker URL: tens of bytes).
 
+A /session/* call (BAKERY_SESSIONS=true) is read the same way: its auth object (auth_data to create,
+session_auth after) is decoded alone and its signature checked before the body is parsed whole.
+
 Imports msgspec (the worker venv's); front.py is the HTTP policy it shares (errors, charsets, depth).
 """
 
@@ -46,6 +49,7 @@ class _Top(msgspec.Struct):
     auth_data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     payload: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     session_id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    session_auth: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # /session/* calls other than create
 
 
 class _Auth(msgspec.Struct):
@@ -108,46 +112,60 @@ def _placeholder(raw: msgspec.Raw, text: bool) -> tuple[Any, bool]:
     return {b"t": True, b"f": False, b"n": None, b"[": [], b"{": {}}.get(head), False
 
 
-def read(body: bytes, charset: str | None) -> Envelope:
-    """The envelope in `body` (declared in `charset`), read without materialising its payload."""
+def _top(body: bytes, charset: str | None, not_object: str) -> tuple[_Top | None, bytes, str | None]:
+    """(the body's top-level fields, raw; the body as UTF-8; why it is refused: `not_object` for a
+    body that is not an object), read without materialising any value."""
     codec, refused = front.json_codec(charset)
     if refused:
-        return Envelope(refused)
+        return None, b"", refused
     utf8 = body
     if codec != "utf-8":  # UTF-16/32, declared: the reader takes UTF-8 (at most 1.5x the body)
         try:
             utf8 = body.decode(codec).encode("utf-8")
         except UnicodeError:
-            return Envelope(NOT_UTF8)
+            return None, b"", NOT_UTF8
     try:
-        top = _TOP.decode(utf8)
+        return _TOP.decode(utf8), utf8, None
     except msgspec.ValidationError:
-        return Envelope(front.envelope_error(None))
+        return None, b"", not_object
     except RecursionError:  # msgspec stops at the interpreter's recursion limit, far above ours
-        return Envelope(TOO_DEEP)
+        return None, b"", TOO_DEEP
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return Envelope(NOT_JSON)
-    if top.auth_data is msgspec.UNSET:
-        return Envelope("auth_data is missing")
+        return None, b"", NOT_JSON
+
+
+def _auth(raw: msgspec.Raw | msgspec.UnsetType, key: str) -> tuple[dict[str, Any] | None, bool, str | None]:
+    """(the auth object `key` as far as the signature check needs it, whether it is checkable, why it
+    is refused): each field decoded from its raw text, bounded (_placeholder)."""
+    if raw is msgspec.UNSET:
+        return None, True, f"{key} is missing"
     try:
-        raw_auth = _AUTH.decode(top.auth_data)
+        raw_auth = _AUTH.decode(raw)
     except msgspec.ValidationError:
-        return Envelope("auth_data must be a JSON object")
+        return None, True, f"{key} must be a JSON object"
     except UnicodeDecodeError:
-        return Envelope(NOT_UTF8)
+        return None, True, NOT_UTF8
     auth: dict[str, Any] = {}
     checkable = True
     try:
         for name, kinds in front.AUTH_FIELDS.items():
-            raw = getattr(raw_auth, name)
-            if raw is msgspec.UNSET:
+            value = getattr(raw_auth, name)
+            if value is msgspec.UNSET:
                 continue  # auth_error names it
             # cost and endpoint (any type, unused by the check) only as far as auth_error judges them
-            auth[name], exact = _placeholder(raw, text=str in kinds)
+            auth[name], exact = _placeholder(value, text=str in kinds)
             checkable = checkable and (exact or str not in kinds or not isinstance(auth[name], str))
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return Envelope(NOT_UTF8)
-    problem = front.auth_error(auth, "auth_data")
+        return None, True, NOT_UTF8
+    return auth, checkable, front.auth_error(auth, key)
+
+
+def read(body: bytes, charset: str | None) -> Envelope:
+    """The envelope in `body` (declared in `charset`), read without materialising its payload."""
+    top, utf8, problem = _top(body, charset, front.envelope_error(None) or "")
+    if top is None:
+        return Envelope(problem)
+    auth, checkable, problem = _auth(top.auth_data, "auth_data")
     if problem:
         return Envelope(problem)
     if top.payload is msgspec.UNSET:
@@ -157,6 +175,16 @@ def read(body: bytes, charset: str | None) -> Envelope:
     elif top.session_id is not msgspec.UNSET and _head(top.session_id) not in (b'"', b"n"):
         problem = "session_id must be a string"
     return Envelope(problem, auth, checkable, utf8)
+
+
+def read_session_auth(body: bytes, charset: str | None, key: str) -> Envelope:
+    """A /session/* call's auth object `key` (auth_data to create, session_auth after), read as an
+    envelope's is: nothing else of the body is materialised before its signature is checked."""
+    top, utf8, problem = _top(body, charset, front.NOT_AN_OBJECT)
+    if top is None:
+        return Envelope(problem)
+    auth, checkable, problem = _auth(getattr(top, key), key)
+    return Envelope(problem, auth if problem is None else None, checkable, utf8)
 
 
 # ------------------------------------------------------------------------ what the SDK's parse needs
@@ -258,3 +286,32 @@ def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dic
         return response
 
     return envelope
+
+
+def sessions_middleware(web: Any, enabled: bool, max_lifetime: float, hosts: set[str],
+                        verify: Callable[[dict[str, Any]], bool]) -> Any:
+    """/session/*: 404 unless `enabled`; else the call's auth object is read and its signature
+    checked (`verify`, the SDK's check through the seam) before the body is parsed: 422 for an auth
+    object the check cannot use, 401 for one it refuses; then 422 for a call front.session_error
+    refuses (lifetime, callback host, cost, session id)."""
+    @web.middleware
+    async def sessions(request: Any, handler: Any) -> Any:
+        if not front.is_under(request.path, "/session"):
+            return await handler(request)
+        if not enabled:
+            return front.error(web, 404, "sessions are disabled on this worker (BAKERY_SESSIONS)")
+        creating = request.path == "/session/create"
+        found = read_session_auth(await request.read(), request.charset, "auth_data" if creating else "session_auth")
+        if found.problem is not None:
+            return front.error(web, 422, found.problem)
+        assert found.auth is not None
+        if not (found.checkable and verify(found.auth)):
+            return front.error(web, 401, "the session request is not signed for this worker")
+        del found
+        data, problem = await front.read_json(request)  # signed: parsed whole (the body is read once)
+        problem = problem or front.session_error(data, creating, max_lifetime, hosts)
+        if problem is not None:
+            return front.error(web, 422, problem)
+        return await handler(request)
+
+    return sessions
