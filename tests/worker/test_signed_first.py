@@ -126,7 +126,7 @@ def test_an_unsigned_request_costs_at_most_three_times_its_size(worker: Worker) 
 def test_an_unsigned_session_call_costs_at_most_three_times_its_size(worker: Worker) -> None:
     """With BAKERY_SESSIONS=true, /session/* calls are signed first too: an unsigned 16 MiB create
     and end (items of `{}` in the payload) are refused with 401 for at most 3x their size (parsed
-    whole before the check, as they were, ~50x), and a signed create is judged after its check
+    whole before the check, as they were: 443 MiB for the create, ~27x), and a signed create is judged after its check
     (a lifetime over the cap: 422 signed, 401 unsigned)."""
     items = b",".join([b"{}"] * (16 * MIB // 3))
     statuses: list[int] = []

@@ -46,6 +46,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _QUERY = re.compile(r"(?<=[^\s?])\?(?!<redacted>(?:[\"'>]?(?:\s|$)))\S+?(?=[\"'>]?(?:\s|$))")
 
 
+NOT_AN_ENVELOPE = "the request body must be a JSON object {\"auth_data\": {...}, \"payload\": {...}}"
+
+
 def envelope_error(data: Any) -> str | None:
     """Why `data` (a decoded request body) is not an envelope the SDK can serve, or None.
 
@@ -53,7 +56,7 @@ def envelope_error(data: Any) -> str | None:
     an object, a field of a type the SDK cannot use) or a 422 (missing fields) is named here.
     """
     if not isinstance(data, dict):
-        return "the request body must be a JSON object {\"auth_data\": {...}, \"payload\": {...}}"
+        return NOT_AN_ENVELOPE
     auth = data.get("auth_data")
     if not isinstance(auth, dict):
         return "auth_data must be a JSON object" if "auth_data" in data else "auth_data is missing"

@@ -162,7 +162,7 @@ def _auth(raw: msgspec.Raw | msgspec.UnsetType, key: str) -> tuple[dict[str, Any
 
 def read(body: bytes, charset: str | None) -> Envelope:
     """The envelope in `body` (declared in `charset`), read without materialising its payload."""
-    top, utf8, problem = _top(body, charset, front.envelope_error(None) or "")
+    top, utf8, problem = _top(body, charset, front.NOT_AN_ENVELOPE)
     if top is None:
         return Envelope(problem)
     auth, checkable, problem = _auth(top.auth_data, "auth_data")
