@@ -43,7 +43,7 @@ def test_the_image_stage_is_ordered_for_the_layer_cache(engine: str) -> None:
     assert kinds[0] == "FROM"
     assert {"EXPOSE", "WORKDIR", "ENTRYPOINT"} <= set(kinds[:venv])
     assert kinds[venv + 1:] == ["ARG", "ARG", "LABEL", "COPY", "ENV"]
-    assert final[-2][1].startswith("worker/") and "BACKEND=" in final[-1][1]
+    assert final[-2][1] == "--from=worker-build /opt/bakery-worker/ /opt/bakery/worker/" and "BACKEND=" in final[-1][1]
     assert "BAKERY_ENGINE_CMD=" in final[-1][1]  # one ENV step for the whole bake
 
 

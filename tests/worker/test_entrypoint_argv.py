@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.image import stages
 from tests.worker.helpers import HERE, WORKER_DIR
 
 ENTRYPOINT = WORKER_DIR / "boot" / "entrypoint.py"
@@ -152,3 +153,30 @@ def test_sigterm_stops_the_engine_whose_pid_holds_the_exact_argv(worker_python: 
     output = (run_dir / "out").read_text()
     assert "stopped: llama" in output, output
     assert not Path(f"/proc/{int(pid)}").exists()
+
+
+@pytest.mark.slow
+def test_the_entry_point_stamps_the_engines_load_line_when_it_is_written(worker_python: Path, run_dir: Path) -> None:
+    # The engine's load stages are stamped by the entry point (workers/openai/stages.py), which reads
+    # MODEL_LOG from before the engine starts, not by a worker that may start after the engine loaded.
+    env = boot_env(run_dir, worker_python, ARGV_SLEEP="1", MODEL_LOAD_LOG_MSG='["recorded my argv"]',
+                   BAKERY_LOAD_BEGIN_LOG_MSGS='["argv_engine:"]')
+    with open(run_dir / "out", "wb") as out:
+        child = subprocess.Popen([str(worker_python), str(ENTRYPOINT)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "stage engine_ready" not in (run_dir / "out").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen_by_test = time.time()
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(40) == 0, (run_dir / "out").read_text()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    output = (run_dir / "out").read_text()
+    stamps = {m.group(1): float(m.group(2)) for m in stages.STAGE_LINE.finditer(output)}
+    assert set(stamps) == {"load_begins", "engine_ready"}, output
+    assert "bakery: stage engine_ready at" in output and "argv_engine: recorded my argv" in output, output
+    written = (run_dir / "argv").stat().st_mtime  # the engine records its argv just before that line
+    assert written - 0.01 <= stamps["load_begins"] <= stamps["engine_ready"] <= seen_by_test, (written, stamps)

@@ -4,10 +4,10 @@ At every boot it checks the launch variables (no control character anywhere, a B
 a worker), rotates MODEL_LOG (so a load line from an earlier boot can never make the worker ready),
 builds the engine's argv from the baked BAKERY_ENGINE_CMD and the launch template's variables and
 writes it as JSON to RUN_DIR/engine.json, which launch.py (supervisord's fixed engine command)
-reads and execs. No launch text ever enters supervisord's ini: its values are our own paths and
-program names from a strict set. It stays PID 1 only to forward SIGTERM/SIGINT to supervisord and
-to exit with the status of whichever program died first (recorded by watch.py). Runs on the
-worker's own Python (stdlib + supervisor).
+reads and execs; a thread stamps the engine's load stages as MODEL_LOG shows them. No launch text
+ever enters supervisord's ini: its values are our own paths and program names from a strict set.
+It stays PID 1 to forward SIGTERM/SIGINT to supervisord and to exit with the status of whichever
+program died first (recorded by watch.py). Runs on the worker's own Python (stdlib + supervisor).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -184,11 +185,16 @@ def _ini_path(path: Path | str) -> str:
     return text
 
 
+def _worker_path() -> None:
+    """Let the entry point import the worker's stdlib-only modules (config, stages)."""
+    if str(WORKER_DIR) not in sys.path:
+        sys.path.insert(0, str(WORKER_DIR))
+
+
 def drain_seconds() -> float:
     """BAKERY_DRAIN_TIMEOUT, read by the worker's own row and rule (workers/openai/config.py): the worker's
     stopwaitsecs must cover it."""
-    if str(WORKER_DIR) not in sys.path:
-        sys.path.insert(0, str(WORKER_DIR))
+    _worker_path()
     from workers.openai import config
 
     name = "BAKERY_DRAIN_TIMEOUT"
@@ -266,26 +272,56 @@ stderr_logfile_maxbytes=0
 """
 
 
+# supervisor.getState as one XML-RPC call over HTTP/1.0 (the server closes after its answer).
+STATE_CALL = (b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName>"
+              b"<params></params></methodCall>")
+STATE_REQUEST = (b"POST /RPC2 HTTP/1.0\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n\r\n"
+                 % len(STATE_CALL)) + STATE_CALL
+
+
+def _ask_state(sock: Path, timeout: float) -> bytes:
+    """supervisord's raw answer to getState over its control socket; raises OSError until it listens."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(sock))
+        conn.sendall(STATE_REQUEST)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+        return answer
+
+
 def wake(child: subprocess.Popen, sock: Path, timeout: float = 5.0) -> bool:
     """Ask supervisord for its state as soon as its control socket answers; True once it has.
 
     supervisord spawns its programs only after its main loop's first poll, which waits up to 1 s
     for an event: this call is that event, so the engine and the worker start ~1 s sooner. It is
     only a speed-up: if supervisord does not answer in time, it still starts them after that poll.
+    The call is written by hand on a plain socket: supervisor's own client (xmlrpc, http.client,
+    email) costs PID 1 ~0.1 s of CPU to import, taken from supervisord's start on a busy machine.
     """
-    from supervisor import childutils  # the venv's; imported here, after supervisord is launched
-
     deadline = time.monotonic() + timeout
     while child.poll() is None and time.monotonic() < deadline:
-        # A new proxy per attempt: the transport keeps a failed connection and refuses to reuse it.
-        rpc = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": f"unix://{sock}"})
         try:
-            return rpc.supervisor.getState().get("statename") == "RUNNING"
+            answer = _ask_state(sock, max(deadline - time.monotonic(), 0.01))
         except OSError:  # the socket is not there or not listening yet
             time.sleep(0.005)
-        except Exception:  # noqa: BLE001 - an odd answer must never stop the boot
-            return False
+            continue
+        return b"<string>RUNNING</string>" in answer
     return False
+
+
+def watch_stages(log: Path) -> None:
+    """Stamp the engine's load stages as its log shows them (workers/openai/stages.py), from before it
+    starts: the worker may start after the engine has loaded, and its start must not pass for the
+    engine's. Lines go to the container's log; a failure here never stops the boot."""
+    try:
+        _worker_path()
+        from workers.openai import stages
+
+        stages.start_watch(log, os.environ, lambda line: print(line, flush=True))
+    except Exception as exc:  # noqa: BLE001 - a report, not a reason to stop the boot
+        print(f"bakery: the load's stages are not stamped: {exc}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -316,6 +352,7 @@ def main() -> int:
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
     print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
     os.environ["BAKERY_ENGINE_PROGRAM"] = engine
+    watch_stages(log)
     supervisord = str(Path(VENV_PYTHON).with_name("supervisord"))
     child = subprocess.Popen([supervisord, "-c", str(config)])
 

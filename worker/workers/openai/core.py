@@ -736,7 +736,7 @@ class WorkerConfig:
     reference_policy: references.Policy = field(default_factory=references.Policy)  # what a reference may reach
     late_errors: late_errors.Bounds = late_errors.DEFAULT_BOUNDS  # how a late error line is checked
     run_dir: str = config.BY_NAME["BAKERY_RUN_DIR"].default  # where the ready mark is kept (ready_mark.py)
-    stage_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # stages.py's lines, load lines too
+    stage_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the worker's stage lines (stages.py)
 
 
 def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfig:
@@ -756,7 +756,8 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
         raise ConfigError(bound_errors)
     late_warnings: list[str] = []
     late = late_errors.load(env, late_warnings)
-    stage_lines = stages.stage_lines(settings.load_lines, stages.load(env, late_warnings))
+    stages.check(env, late_warnings)
+    stage_lines = stages.worker_lines(settings.load_lines)
     return WorkerConfig(settings=settings, limits=limits, drain_seconds=drain_seconds,
                         report_addr=config.text(env, "REPORT_ADDR") or "", limit_notes=tuple(limit_notes),
                         warnings=(*settings.warnings, *limit_warnings, *late_warnings),

@@ -8,8 +8,8 @@
 - late_errors: after load, an error line counts only if the engine's health fails too (or it is the
   engine's exit line): a handled traceback no longer errors a serving worker for good;
 - ready_mark: the worker's readiness kept as a file, for the image's Docker HEALTHCHECK;
-- stages: a line naming each stage of the time to ready the worker sees (load, weights, load line,
-  benchmark, ready report).
+- stages: a line naming each stage of the time to ready the worker sees (its SDK read the load line,
+  the benchmark is done, the ready report went; the engine's own stages are the entry point's).
 
 Installed after the guards, on their Context (see core.run).
 """
