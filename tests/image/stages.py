@@ -93,9 +93,13 @@ def boundaries(launched: Any, engine: str, is_ready_report: Any) -> dict[str, fl
 def split(found: dict[str, float], launch: str) -> dict[str, Any]:
     """The stages between the boundaries `found` holds, their sum, the measured total and bakery's share."""
     found = dict(found)
-    if "benchmark_begins" in found and found.get("engine_ready", 0.0) > found["benchmark_begins"]:
-        # Two readers of one line: the worker's tail may read it a poll before the entry point does.
-        found["engine_ready"] = found["benchmark_begins"]
+    # Two readers of one log: the worker's tail may read the load line a poll before the entry point
+    # does; then the engine was ready by then, and so were the stages before it.
+    later = found.get("benchmark_begins")
+    for name in ("engine_ready", "weights_loaded", "load_begins"):
+        if name in found and later is not None and found[name] > later:
+            found[name] = later
+        later = found.get(name, later)
     present = [(name, label) for name, label in BOUNDARIES if name in found]
     stages = []
     idle = 0.0
