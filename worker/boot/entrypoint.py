@@ -352,9 +352,11 @@ def main() -> int:
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
     print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
     os.environ["BAKERY_ENGINE_PROGRAM"] = engine
-    watch_stages(log)
     supervisord = str(Path(VENV_PYTHON).with_name("supervisord"))
     child = subprocess.Popen([supervisord, "-c", str(config)])
+    # Started while supervisord imports (~0.15 s before it spawns the engine), so it takes nothing
+    # from the boot and is reading the log well before the engine's first line.
+    watch_stages(log)
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
