@@ -1,7 +1,8 @@
 """An untracked file planted in worker/ reaches neither the build context nor the image.
 
 A real build on the vLLM stand-in base (issue 12: `COPY worker/` used to bake a stray worker/.env).
-The image's /opt/bakery/worker must hold exactly the tracked files the context lists.
+The image's /opt/bakery/worker must hold exactly the tracked files the context lists, and the
+byte-code of its Python modules.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from pathlib import PurePosixPath
 
 import docker.errors
 import pytest
@@ -54,10 +56,18 @@ def test_untracked_file_is_absent_from_context_and_image(docker_client, planted_
         stream, _ = container.get_archive("/opt/bakery/worker")
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
-            in_image = sorted(m.name.removeprefix("worker/") for m in members)
             assert all(FAKE_SECRET not in tar.extractfile(m).read() for m in members)
+            names = [m.name.removeprefix("worker/") for m in members]
+            # The byte-code the worker-build stage compiled: one file per module of the context, nothing else.
+            compiled = sorted(name for name in names if "/__pycache__/" in f"/{name}")
+            in_image = sorted(name for name in names if name not in compiled)
     finally:
         container.remove(force=True)
         docker_client.images.remove(image_id, force=True)
     expected = sorted(p.removeprefix("worker/") for p in context_files() if p.startswith("worker/"))
     assert in_image == expected
+    # <dir>/__pycache__/<module>.cpython-3XY.pyc -> <dir>/<module>.py
+    sources = {str(PurePosixPath(name).parent.parent / PurePosixPath(name).name.split(".")[0]) + ".py"
+               for name in compiled}
+    assert compiled and all(name.endswith(".pyc") for name in compiled), compiled
+    assert sources == {name for name in expected if name.endswith(".py")}, sorted(sources ^ set(expected))

@@ -54,7 +54,7 @@ DEFECTS = {
     "wrong MODEL_LOG": (lambda d: d.replace(f"/var/log/portal/{ENGINE}.log", "/var/log/portal/wrong.log"),
                         {"test_baked_env_is_exact"}),
     "no EXPOSE": (lambda d: d.replace("\nEXPOSE 3000\n", "\n"), {"test_worker_port_exposed"}),
-    "missing worker": (lambda d: d.replace("COPY worker/ /opt/bakery/worker/\n", ""),
+    "missing worker": (lambda d: d.replace("COPY --from=worker-build /opt/bakery-worker/ /opt/bakery/worker/\n", ""),
                        {"test_backend_resolves_to_worker", "test_worker_listens_on_3000"}),
     "no HEALTHCHECK": (lambda d: re.sub(r"\nHEALTHCHECK [^\n]*\\\n[^\n]*\n", "\n", d),
                        {"test_healthcheck_runs_the_health_command"}),
