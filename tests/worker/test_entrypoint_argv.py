@@ -9,6 +9,7 @@ anything starts (one line, exit 2). The engine's exit status, its output in MODE
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,6 +68,25 @@ def boot(worker_python: Path, env: dict[str, str | bytes], timeout: float = 60) 
     """Run the entry point to its end."""
     return subprocess.run([str(worker_python), str(ENTRYPOINT)], env=env, capture_output=True,
                           timeout=timeout, check=False)
+
+
+@contextlib.contextmanager
+def booting(worker_python: Path, env: dict[str, str | bytes], run_dir: Path) -> Iterator[subprocess.Popen]:
+    """The entry point running in the background, its output in run_dir/out; killed if a check fails first."""
+    with open(run_dir / "out", "wb") as out:
+        child = subprocess.Popen([str(worker_python), str(ENTRYPOINT)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
+def stop(child: subprocess.Popen, run_dir: Path) -> None:
+    """SIGTERM the entry point, which must stop everything and exit 0."""
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(40) == 0, (run_dir / "out").read_text()
 
 
 def expected_cmdline(worker_python: Path, model: str | bytes, args: list[bytes]) -> bytes:
@@ -133,9 +153,7 @@ def test_a_missing_engine_binary_is_reported_and_ends_the_boot(worker_python: Pa
 @pytest.mark.slow
 def test_sigterm_stops_the_engine_whose_pid_holds_the_exact_argv(worker_python: Path, run_dir: Path) -> None:
     env = boot_env(run_dir, worker_python, LLAMA_ARGS="--chat-template 'x ;y'", ARGV_SLEEP="1")
-    with open(run_dir / "out", "wb") as out:
-        child = subprocess.Popen([str(worker_python), str(ENTRYPOINT)], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with booting(worker_python, env, run_dir) as child:
         deadline = time.monotonic() + 30
         while not (run_dir / "argv").exists() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
@@ -144,12 +162,7 @@ def test_sigterm_stops_the_engine_whose_pid_holds_the_exact_argv(worker_python: 
         # The launcher exec'd the engine: supervisord's child pid is the engine itself.
         live = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
         assert live == expected_cmdline(worker_python, "/models/m.gguf", [b"--chat-template", b"x ;y"])
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(40) == 0, (run_dir / "out").read_text()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+        stop(child, run_dir)
     output = (run_dir / "out").read_text()
     assert "stopped: llama" in output, output
     assert not Path(f"/proc/{int(pid)}").exists()
@@ -161,19 +174,12 @@ def test_the_entry_point_stamps_the_engines_load_line_when_it_is_written(worker_
     # MODEL_LOG from before the engine starts, not by a worker that may start after the engine loaded.
     env = boot_env(run_dir, worker_python, ARGV_SLEEP="1", MODEL_LOAD_LOG_MSG='["recorded my argv"]',
                    BAKERY_LOAD_BEGIN_LOG_MSGS='["argv_engine:"]')
-    with open(run_dir / "out", "wb") as out:
-        child = subprocess.Popen([str(worker_python), str(ENTRYPOINT)], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with booting(worker_python, env, run_dir) as child:
         deadline = time.monotonic() + 30
         while "stage engine_ready" not in (run_dir / "out").read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         seen_by_test = time.time()
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(40) == 0, (run_dir / "out").read_text()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+        stop(child, run_dir)
     output = (run_dir / "out").read_text()
     stamps = {m.group(1): float(m.group(2)) for m in stages.STAGE_LINE.finditer(output)}
     assert set(stamps) == {"load_begins", "engine_ready"}, output
