@@ -96,7 +96,6 @@ PINS: tuple[Pin, ...] = (
     Pin("python-dateutil", "3.0.0", "SDK: vastai/__init__ imports vastai.api.billing; 4.x needs 3.11"),
     Pin("six", "1.17.0", "python-dateutil 3"),
     Pin("setuptools", "84.2.1", "SDK imports distutils, gone from the stdlib in 3.12", python_min="3.12"),
-    Pin("supervisor", "4.3.0", "the image entry point's supervisord (not used by the worker itself)"),
 )
 
 # vastai's declared dependencies deliberately left out: nothing on the serverless worker path

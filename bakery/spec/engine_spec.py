@@ -288,7 +288,7 @@ class Bake(_Strict):
 
 # Who writes a log line when the engine itself does not (bakery.upkeep.drift skips these in the engine's source).
 LINE_ORIGINS = ("bakery", "supervisord", "python", "uvicorn")
-# The line bakery's entry point writes into MODEL_LOG when the engine's program exits (worker/boot/watch.py).
+# The line bakery's entry point writes into MODEL_LOG when the engine's program exits (worker/boot/supervise.py).
 EXIT_LINE = "INFO exited: {name}"
 
 

@@ -15,7 +15,7 @@ cp -a "/usr/lib/$ver" "$dest/lib/$ver"
 rm -rf "$dest/lib/$ver/test" "$dest/lib/$ver/idlelib" "$dest/lib/$ver/tkinter" \
        "$dest/lib/$ver/turtledemo" "$dest/lib/$ver/lib2to3" "$dest/lib/$ver/ensurepip" \
        "$dest/lib/$ver"/config-* "$dest/lib/$ver/site-packages" "$dest/lib/$ver/dist-packages"
-# Nor what a headless proxy and supervisord never load, removed before the libraries are collected
+# Nor what a headless proxy and its entry point never load, removed before the libraries are collected
 # below so that the libraries only they link are not bundled either (~8.5 MB): dbm (Berkeley DB),
 # sqlite3, curses and readline (ncurses), nis (libnsl + the Kerberos stack), crypt, the audio
 # modules, CPython's own test extensions, and pydoc's topic texts. (readline is only tried by the

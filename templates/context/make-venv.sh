@@ -24,10 +24,10 @@ pip_wheel=$(ls "$wheels"/pip-*.whl)
 # --no-deps + --require-hashes: exactly the pinned, hashed set of requirements.txt, nothing resolved.
 "$root/venv/bin/python" "$pip_wheel/pip" install --quiet --no-cache-dir --disable-pip-version-check \
     --no-index --find-links "$wheels" --no-deps --require-hashes -r /tmp/bakery/requirements.txt
-# Test suites that wheels ship inside their packages and nothing imports at run time (~5.7 MB):
-# pycryptodome's Crypto/SelfTest, supervisor's and certifi's tests.
+# Test suites that wheels ship inside their packages and nothing imports at run time:
+# pycryptodome's Crypto/SelfTest and certifi's tests.
 for site in "$root"/venv/lib/python3*/site-packages; do
-    rm -rf "$site/Crypto/SelfTest" "$site/supervisor/tests" "$site/certifi/tests"
+    rm -rf "$site/Crypto/SelfTest" "$site/certifi/tests"
 done
 # Byte-compile now so the first boot does not pay for it (and the image stays read-only-friendly).
 "$root/venv/bin/python" -m compileall -q "$root/venv" >/dev/null || true

@@ -60,8 +60,7 @@ HEALTH_COMMAND = "/opt/bakery/worker/boot/health.py"  # the image's HEALTHCHECK 
 HEALTH_WAIT = 90.0  # Docker runs it every 10 s; a loaded machine delays a run (and so its verdict)
 WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
-SUPERVISORCTL = "/opt/bakery/venv/bin/supervisorctl"
-SUPERVISOR_CONF = "/run/bakery/supervisord.conf"  # written by the entry point (worker/boot/entrypoint.py)
+RUN_DIR = "/run/bakery"  # the entry point writes <program>.pid here (worker/boot/supervise.py)
 # Every container the gate starts carries TEST_LABEL and RUN_LABEL=<this process's run id>, so a run
 # removes exactly its own leftovers (conftest's session end) and a test can see that none remain.
 # $BAKERY_TEST_RUN names the run (a test that runs the gate sets it); else each process makes its own,
@@ -170,7 +169,7 @@ class Launched:
     _ready: bool | None = None
     run_at: float = 0.0  # wall clock just before `docker run` (create): where time to ready starts
     first_answer: dict[str, Any] | None = None  # the first signed request answered 200 (a probe's result)
-    program: str = ""  # the engine's supervisord program (its `spawned:` line starts the engine's stage)
+    program: str = ""  # the engine's program name (its `spawned:` line starts the engine's stage)
 
     def logs(self) -> str:
         """The container's stdout and stderr so far."""
@@ -297,12 +296,10 @@ class Launched:
                 for item in e["body"].get("requests") or [] if isinstance(item, dict)]
 
     def engine_pid(self, program: str) -> int:
-        """The engine's process id, from supervisord (its program `program`); ask before any stop
-        begins (supervisord stops answering once it is shutting down)."""
-        result = self.container.exec_run([SUPERVISORCTL, "-c", SUPERVISOR_CONF, "pid", program])
-        text = result.output.decode(errors="replace").strip()
-        if result.exit_code != 0 or not text.isdigit() or int(text) <= 0:
-            raise RuntimeError(f"supervisord gave no pid for {program}: {text!r} (exit {result.exit_code})")
+        """The engine's process id, from the pid file the entry point writes for its program `program`."""
+        text = self.file_text(f"{RUN_DIR}/{program}.pid").strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise RuntimeError(f"the entry point wrote no pid for {program}: {text!r}")
         return int(text)
 
     def signal_pid(self, pid: int, signal_name: str) -> None:

@@ -3,7 +3,7 @@
 Read from what the launch leaves, with no probe or sleep of its own (docs/cold-start.md):
 - `run`: the gate's wall clock just before `docker run` (Launched.run_at);
 - `started`: Docker's State.StartedAt;
-- `engine_spawned`: supervisord's `spawned: '<engine>'` line, at Docker's timestamp of that line;
+- `engine_spawned`: the entry point's `spawned: '<engine>'` line, at Docker's timestamp of that line;
 - `load_begins`, `weights_loaded`, `engine_ready`: the entry point's `bakery: stage NAME at T` lines
   (workers/openai/stages.py), stamped as the engine's log showed them;
 - `benchmark_begins`, `benchmark_done`: the worker's `bakery-worker: stage NAME at T` lines, when

@@ -128,11 +128,12 @@ def test_entry_point_aliases_are_the_specs() -> None:
 
 
 def test_exit_line_is_the_one_the_entry_point_writes() -> None:
-    watch = (WORKER_DIR / "boot" / "watch.py").read_text(encoding="utf-8")
-    prefix = EXIT_LINE.split("{", 1)[0]
-    assert f'f"{prefix}{{name}}' in watch, (
-        f"worker/boot/watch.py no longer writes {EXIT_LINE!r}: bakery.spec.engine_spec.EXIT_LINE and every spec "
-        "must follow")
+    sys.path.insert(0, str(WORKER_DIR / "boot"))
+    import supervise
+    written = supervise.EXIT_LINE.format(name="vllm", how="exit status 1", reason="not expected")
+    assert written.startswith(EXIT_LINE.format(name="vllm") + " "), (
+        f"worker/boot/supervise.py writes {written!r}, not {EXIT_LINE!r}: bakery.spec.engine_spec.EXIT_LINE and "
+        "every spec must follow")
 
 
 @pytest.mark.parametrize("engine", [e for e in available_engines() if FACTS[e].local_base])

@@ -1,14 +1,15 @@
 """The image entry point's boot rules, run on the host (no Docker): engine argv, launch variable
-checks, MODEL_LOG rotation, strict SERVERLESS, the supervisord configuration (no launch text in it).
-tests/worker/test_entrypoint_argv.py runs the real entry point and supervisord."""
+checks, MODEL_LOG rotation, strict SERVERLESS, the engine's program name. tests/worker/test_entrypoint_argv.py
+runs the real entry point, tests/worker/test_supervise.py its supervision of the engine and the worker."""
 
 from __future__ import annotations
 
-import configparser
+import ast
 import importlib.util
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,6 @@ from bakery.spec.engine_spec import REPO_ROOT
 spec = importlib.util.spec_from_file_location("entrypoint", REPO_ROOT / "worker" / "boot" / "entrypoint.py")
 entrypoint = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(entrypoint)
-launch_spec = importlib.util.spec_from_file_location("launch", REPO_ROOT / "worker" / "boot" / "launch.py")
-launch = importlib.util.module_from_spec(launch_spec)
-launch_spec.loader.exec_module(launch)
 
 LLAMA_CMD = json.dumps(["/app/llama-server", "-m", "${LLAMA_MODEL}", "--host", "127.0.0.1", "--port", "18000"])
 
@@ -164,51 +162,22 @@ def test_any_printable_model_and_args_reach_the_argv_exactly(model: str, args: l
     assert argv == ["/app/llama-server", "-m", model, "--host", "127.0.0.1", "--port", "18000", *args]
 
 
-def test_engine_file_round_trips_any_argv_exactly(tmp_path: Path) -> None:
-    argv = ["/app/llama-server", "--chat-template", "x ;y #z %(a)s", "ünï", "\udcff"]  # last: a raw byte
-    path = entrypoint.write_engine_file(argv, Path("/var/log/portal/llama.log"), tmp_path / "engine.json")
-    assert launch.load(str(path)) == (argv, "/var/log/portal/llama.log")
-    assert path.stat().st_mode & 0o777 == 0o600
+@pytest.mark.parametrize("name", ["Llama", "llama;x", "llama x", "worker", "../x", "x/y"])
+def test_a_baked_program_that_cannot_name_the_engine_is_refused(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # The name goes into the container's log lines and RUN_DIR/<name>.pid: lowercase letters, digits, _ and -.
+    monkeypatch.setenv("BAKERY_ENGINE_PROGRAM", name)
+    with pytest.raises(entrypoint.BootError, match="cannot name the engine program"):
+        entrypoint.engine_name("llama")
 
 
-@pytest.mark.parametrize("serverless", [True, False])
-def test_supervisor_config_holds_no_launch_text(serverless: bool) -> None:
-    text = entrypoint.supervisor_config("llama", serverless)
-    parser = configparser.RawConfigParser(inline_comment_prefixes=(";", "#"))  # like supervisord's
-    parser.read_string(text)
-    command = parser.get("program:llama", "command")
-    assert command == f"{entrypoint.VENV_PYTHON} -I {entrypoint.BOOT_DIR / 'launch.py'} {entrypoint.ENGINE_FILE}"
-    assert parser.get("program:llama", "stdout_logfile") == "/dev/stdout"
-    assert parser.has_section("program:worker") is serverless
-    assert parser.has_section("eventlistener:bakery-watch")
-    programs = [s for s in parser.sections() if s.startswith(("program:", "eventlistener:"))]
-    assert programs == ["program:llama", *(["program:worker"] if serverless else []), "eventlistener:bakery-watch"]
-    assert "%" not in text
-
-
-@pytest.mark.parametrize("name", ["Llama", "llama;x", "llama\n[program:x]", "worker", "bakery-watch", ""])
-def test_supervisor_config_refuses_a_bad_program_name(name: str) -> None:
-    with pytest.raises(entrypoint.BootError):
-        entrypoint.supervisor_config(name, True)
-
-
-def test_supervisor_config_refuses_a_path_with_ini_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(entrypoint, "ENGINE_FILE", Path("/run/x ;y/engine.json"))
-    with pytest.raises(entrypoint.BootError, match="cannot go into supervisord's configuration"):
-        entrypoint.supervisor_config("llama", False)
-
-
-def test_launcher_refuses_a_bad_engine_file_or_log_in_one_line(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert launch.main([str(tmp_path / "missing.json")]) == 2
-    (tmp_path / "bad.json").write_text(json.dumps({"argv": [], "log": "/x.log"}))
-    assert launch.main([str(tmp_path / "bad.json")]) == 2
-    path = entrypoint.write_engine_file(["/bin/true"], tmp_path / "no-such-dir" / "engine.log", tmp_path / "e.json")
-    assert launch.main([str(path)]) == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 3
-    assert "cannot read the engine's command" in lines[0] and "not a non-empty list" in lines[1]
-    assert "cannot open the engine's log" in lines[2] and "No such file or directory" in lines[2]
+@pytest.mark.parametrize(("name", "raw"), [("BAKERY_EXIT_GRACE", "10s"), ("BAKERY_DRAIN_TIMEOUT", "-1")])
+def test_the_shared_seconds_are_read_by_the_workers_rule(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                          raw: str) -> None:
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(entrypoint.BootError, match=f"^{name}={raw!r} is not a number of seconds from 0 to 3600"):
+        entrypoint.seconds(name)
+    monkeypatch.setenv(name, " 2.5 ")
+    assert entrypoint.seconds(name) == 2.5
 
 
 def test_an_engine_without_an_adapter_runs_as_its_baked_program(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,3 +189,21 @@ def test_an_engine_without_an_adapter_runs_as_its_baked_program(monkeypatch: pyt
     monkeypatch.setenv("BACKEND", "ech0")
     with pytest.raises(entrypoint.BootError, match=r"^BACKEND='ech0' names no worker of this image: .*\becho\b"):
         entrypoint.backend()
+
+
+def test_the_boot_runs_on_the_standard_library_alone() -> None:
+    """The entry point, its supervision and the health check import the stdlib and the worker's
+    stdlib-only config and stages, nothing installed: PID 1 starts fast and needs no package."""
+    allowed = set(sys.stdlib_module_names) | {"supervise", "workers"}
+    for path in sorted((REPO_ROOT / "worker" / "boot").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        imported.discard("__future__")
+        assert imported <= allowed, f"{path.name} imports {sorted(imported - allowed)}"
+        workers = {node.module for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workers")}
+        assert workers <= {"workers.openai"}, (path.name, workers)

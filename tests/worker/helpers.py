@@ -311,7 +311,7 @@ def worker_env_for(
 
 
 def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str = "worker") -> Proc:
-    """Run worker/start_server.sh with `env` (as an image's supervisord would: plain sh)."""
+    """Run worker/start_server.sh with `env` (as an image's entry point does: plain sh)."""
     proc = Proc(["sh", str(START_SERVER)], tmp_path / f"{name}.out", env=env, cwd=tmp_path)
     procs.append(proc)
     return proc
@@ -430,8 +430,8 @@ class Harness:
         return self._reports
 
     def short_dir(self, prefix: str) -> Path:
-        """A directory under /tmp (supervisord's unix socket path must fit in 108 bytes, tmp_path may
-        not); removed with the harness."""
+        """A short directory under /tmp (a unix socket's path must fit in 108 bytes, tmp_path's may
+        not), removed with the harness."""
         path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         self._dirs.append(path)
         return path

@@ -113,7 +113,7 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
 @pytest.mark.parametrize("raw", [None, "", "  ", "\t\n"])
 def test_blank_is_unset_for_every_kind(raw: str | None) -> None:
     env = {} if raw is None else {"X": raw}
-    for kind in ("text", "lines", "int", "digits", "number", "bool", "drain"):
+    for kind in ("text", "lines", "int", "digits", "number", "bool", "seconds", "drain"):
         for bad in ("exit", "warn"):
             warnings: list[str] = []
             errors: list[str] = []
@@ -149,6 +149,18 @@ def test_drain_seconds_refused(raw: str) -> None:
     errors: list[str] = []
     assert config.read({"BAKERY_DRAIN_TIMEOUT": raw}, "BAKERY_DRAIN_TIMEOUT", errors=errors) == 8.0
     assert len(errors) == 1 and errors[0].startswith(f"BAKERY_DRAIN_TIMEOUT={raw!r} ")
+
+
+@pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("3600", 3600.0), (" 2.5 ", 2.5), ("", 10.0)])
+def test_exit_grace_seconds(raw: str, value: float) -> None:
+    assert config.read({"BAKERY_EXIT_GRACE": raw}, "BAKERY_EXIT_GRACE") == value
+
+
+@pytest.mark.parametrize("raw", ["-1", "3601", "inf", "nan", "10s"])
+def test_exit_grace_refused_naming_it(raw: str) -> None:
+    errors: list[str] = []
+    assert config.read({"BAKERY_EXIT_GRACE": raw}, "BAKERY_EXIT_GRACE", errors=errors) == 10.0
+    assert errors == [f"BAKERY_EXIT_GRACE={raw!r} is not a number of seconds from 0 to 3600 (default 10)"]
 
 
 def test_numbers_are_finite() -> None:

@@ -2,8 +2,8 @@
 
 The worker (real SDK) in front of the stand-in in step mode: a streamed answer is held in flight by
 the test (no timing), the signal arrives, a new request is refused, the held answer is released and
-must arrive whole. Then the same through the real entry point and supervisord: the worker is stopped
-first and the engine only after it (the held answer needs the engine to finish).
+must arrive whole. Then the same through the real entry point (worker/boot/supervise.py): the worker is
+stopped first and the engine only after it (the held answer needs the engine to finish).
 """
 
 from __future__ import annotations
@@ -62,17 +62,6 @@ def test_drain_time_is_read(raw: str | None, seconds: float) -> None:
 def test_a_bad_drain_time_is_one_line_naming_the_variable(raw: str) -> None:
     _, errors = drain.load({drain.DRAIN_VAR: raw})
     assert len(errors) == 1 and errors[0].startswith(f"{drain.DRAIN_VAR}={raw!r} is not a number of seconds")
-
-
-def test_supervisord_stops_the_worker_first_and_waits_for_its_drain() -> None:
-    sys.path.insert(0, str(WORKER_DIR / "boot"))
-    import entrypoint
-
-    text = entrypoint.supervisor_config("vllm", True, 8.0)
-    engine, worker = text.split("[program:vllm]")[1].split("[program:worker]")
-    assert "priority=100" in engine and "priority=200" in worker  # higher priority: stopped first
-    assert "stopwaitsecs=10" in worker.split("[eventlistener")[0]  # 8 s of drain + 2 s to exit
-    assert "stopwaitsecs=62" in entrypoint.supervisor_config("vllm", True, 59.5)
 
 
 # --------------------------------------------------------------------------- the worker alone
@@ -141,12 +130,11 @@ def test_a_bad_drain_time_stops_the_worker_with_exit_2(harness: Harness) -> None
     assert "Traceback" not in worker.text
 
 
-# --------------------------------------------------------------------------- entry point + supervisord
+# --------------------------------------------------------------------------- the entry point
 
 
 @pytest.fixture
 def run_dir(harness: Harness) -> Path:
-    # Short: supervisord's unix socket path must fit in 108 bytes (pytest's tmp_path may not).
     return harness.short_dir("bk-drain-")
 
 
@@ -171,7 +159,7 @@ def boot_env(run_dir: Path, worker_python: Path, engine_port: int, port: int, re
 
 @pytest.mark.slow
 def test_the_entry_point_drains_the_worker_then_stops_the_engine(harness: Harness, run_dir: Path) -> None:
-    """The entry point (supervisord running engine and worker), not start_server.sh: so not
+    """The entry point (running engine and worker), not start_server.sh: so not
     harness.worker, but a process the harness still stops."""
     steps, record = run_dir / "steps", run_dir / "record.jsonl"
     steps.mkdir()
@@ -193,5 +181,5 @@ def test_the_entry_point_drains_the_worker_then_stops_the_engine(harness: Harnes
     assert boot.wait_exit(30) == 0, boot.text[-3000:]
     assert wait_record(record, HELD_PROMPT)["outcome"] == "complete"
     out = boot.text
-    # supervisord stopped the worker (after its drain) before it stopped the engine.
+    # The entry point stopped the worker (after its drain) before it stopped the engine.
     assert out.index("stopped: worker (exit status 0)") < out.index("stopped: vllm"), out[-3000:]

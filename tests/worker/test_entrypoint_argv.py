@@ -1,10 +1,10 @@
-"""The real entry point and supervisord (from the lean worker venv) start the engine from an argv.
+"""The real entry point (on the lean worker venv's Python) starts the engine from an argv.
 
 A test engine (argv_engine.py) records /proc/self/cmdline: the model and args variables must reach
 it byte for byte, whatever they hold (quotes, `;`, `#`, `%`, spaces, unicode, a non-UTF-8 byte).
 Control characters in a launch variable and a BACKEND that names no worker are refused before
 anything starts (one line, exit 2). The engine's exit status, its output in MODEL_LOG, the
-`INFO exited: <engine>` line and SIGTERM keep working through the launcher.
+`INFO exited: <engine>` line and SIGTERM work on the engine the entry point spawned.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ NASTY = [
 
 @pytest.fixture
 def run_dir() -> Iterator[Path]:
-    # Short: supervisord's unix socket path must fit in 108 bytes (pytest's tmp_path may not).
     with tempfile.TemporaryDirectory(prefix="bk-argv-", dir="/tmp") as run:
         yield Path(run)
 
@@ -135,8 +134,8 @@ def test_bad_launch_variables_are_refused_before_anything_starts(worker_python: 
     assert len(stderr.splitlines()) == 1, stderr
     if var == "BACKEND":
         assert "llama, openai, sglang, vllm" in stderr or "control" in stderr
-    # Nothing was written or started: no engine file, no supervisord config, no engine, no log.
-    assert not (run_dir / "engine.json").exists() and not (run_dir / "supervisord.conf").exists()
+    # Nothing was written or started: no pid file, no engine, no log.
+    assert not (run_dir / "llama.pid").exists() and not (run_dir / "worker.pid").exists()
     assert not (run_dir / "argv").exists() and not (run_dir / "log").exists()
 
 
@@ -159,12 +158,14 @@ def test_sigterm_stops_the_engine_whose_pid_holds_the_exact_argv(worker_python: 
             time.sleep(0.05)
         assert (run_dir / "argv").exists(), (run_dir / "out").read_text()
         pid, _ = (run_dir / "argv").read_bytes().split(b"\n", 1)
-        # The launcher exec'd the engine: supervisord's child pid is the engine itself.
+        # The entry point's child is the engine itself, and its pid file says so.
+        assert (run_dir / "llama.pid").read_text() == f"{int(pid)}\n"
         live = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
         assert live == expected_cmdline(worker_python, "/models/m.gguf", [b"--chat-template", b"x ;y"])
         stop(child, run_dir)
     output = (run_dir / "out").read_text()
-    assert "stopped: llama" in output, output
+    assert f"bakery: spawned: 'llama' with pid {int(pid)}" in output, output
+    assert "bakery: stopped: llama (exit status 0)" in output, output  # argv_engine exits 0 on SIGTERM
     assert not Path(f"/proc/{int(pid)}").exists()
 
 

@@ -221,10 +221,13 @@ def test_an_errored_worker_takes_every_line() -> None:
 
 
 def test_the_exit_prefix_is_the_one_the_entry_point_writes() -> None:
-    """worker/boot/watch.py writes `INFO exited: <program> ...` into MODEL_LOG; every engine's exit
+    """worker/boot/supervise.py writes `INFO exited: <program> ...` into MODEL_LOG; every engine's exit
     line starts with late_errors' prefix."""
-    watch = (HERE.parents[1] / "worker" / "boot" / "watch.py").read_text(encoding="utf-8")
-    assert 'out.write(f"' + late_errors.EXIT_PREFIX + '{name} ' in watch
+    sys.path.insert(0, str(HERE.parents[1] / "worker" / "boot"))
+    import supervise
+
+    assert supervise.EXIT_LINE.format(name="vllm", how="exit status 1", reason="not expected").startswith(
+        late_errors.EXIT_PREFIX + "vllm (")
     assert VLLM.error_lines[0].startswith(late_errors.EXIT_PREFIX)
 
 

@@ -1,13 +1,12 @@
-"""The image's entry point: prepare the boot, then run the engine (and the worker) under supervisord.
+"""The image's entry point: check the launch, then run the engine (and the worker) as its children.
 
 At every boot it checks the launch variables (no control character anywhere, a BACKEND that names
 a worker), rotates MODEL_LOG (so a load line from an earlier boot can never make the worker ready),
-builds the engine's argv from the baked BAKERY_ENGINE_CMD and the launch template's variables and
-writes it as JSON to RUN_DIR/engine.json, which launch.py (supervisord's fixed engine command)
-reads and execs; a thread stamps the engine's load stages as MODEL_LOG shows them. No launch text
-ever enters supervisord's ini: its values are our own paths and program names from a strict set.
-It stays PID 1 to forward SIGTERM/SIGINT to supervisord and to exit with the status of whichever
-program died first (recorded by watch.py). Runs on the worker's own Python (stdlib + supervisor).
+builds the engine's argv from the baked BAKERY_ENGINE_CMD and the launch template's variables, and
+spawns it as an argv (no shell sees the values) with its output in MODEL_LOG, then the worker
+(serverless only); a thread stamps the engine's load stages as MODEL_LOG shows them. It stays PID 1:
+supervise.py stops the worker before the engine, reaps every child, and exits with the status of
+whichever program ended first. Runs on the worker's own Python, standard library only.
 """
 
 from __future__ import annotations
@@ -18,35 +17,30 @@ import math
 import os
 import re
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import time
 import unicodedata
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # supervise.py, also when loaded by path (tests)
+import supervise
+
 RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
-SOCKET = RUN_DIR / "supervisor.sock"  # supervisord's control socket (watch.py and wake() use it)
-ENGINE_FILE = RUN_DIR / "engine.json"  # the engine's argv and log, read by launch.py
 READY_MARK = "worker-ready"  # the worker's readiness for health.py (workers/openai/ready_mark.py)
 WORKER_DIR = Path(__file__).resolve().parent.parent
-BOOT_DIR = Path(__file__).resolve().parent
-VENV_PYTHON = sys.executable
 TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BACKEND_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # the set start_server.sh accepts too
-PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")  # supervisord program names: never launch text
-# Our own paths that go into the ini: nothing supervisord's parser could read as syntax (; # % =).
-INI_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
-RESERVED_PROGRAMS = {"worker", "bakery-watch"}
+# The engine's program name: its log lines (`spawned: '<name>'`, `INFO exited: <name>`) and RUN_DIR/<name>.pid.
+PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")
+RESERVED_PROGRAMS = {"worker"}
 TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # The engine program the image bakes from its spec (bakery.spec.engine_facts.PROGRAM_VAR): the entry point
 # needs no table of engines, and BACKEND=<an alias> still runs the image's own engine program.
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 GENERIC_WORKER = "workers/openai/generic.py"  # what an engine without an adapter of its own runs
 DEFAULT_DRAIN = 8.0  # workers/openai/drain.py's default, for a caller that does not pass one
-WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before supervisord kills it
+WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before it is killed
+ENGINE_STOP_SECONDS = 30.0  # from the engine's SIGTERM to its SIGKILL
 
 
 class BootError(Exception):
@@ -97,7 +91,7 @@ def backend() -> str:
 
 
 def engine_name(backend_name: str) -> str:
-    """The engine's supervisord program name: the baked BAKERY_ENGINE_PROGRAM, whatever BACKEND a launch
+    """The engine's program name: the baked BAKERY_ENGINE_PROGRAM, whatever BACKEND a launch
     template picks (an alias BACKEND still runs the image's own program); BACKEND itself when not baked."""
     name = baked_program() or backend_name
     if not PROGRAM_NAME.match(name) or name in RESERVED_PROGRAMS:
@@ -163,152 +157,23 @@ def rotate(log: Path) -> None:
     log.write_bytes(b"")
 
 
-def write_engine_file(argv: list[str], log: Path, path: Path | None = None) -> Path:
-    """Write the engine's argv and log file as JSON for launch.py (root-only: it is the engine's command).
-
-    ensure_ascii keeps any byte the environment held (as surrogate escapes) exact through the file.
-    """
-    path = path or ENGINE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as out:
-        json.dump({"argv": argv, "log": str(log)}, out, ensure_ascii=True)
-    tmp.replace(path)
-    return path
-
-
-def _ini_path(path: Path | str) -> str:
-    text = str(path)
-    if not INI_PATH.match(text):
-        raise BootError(f"the path {text!r} cannot go into supervisord's configuration "
-                        f"(letters, digits and ._/+- only): install bakery elsewhere or set BAKERY_RUN_DIR")
-    return text
-
-
 def _worker_path() -> None:
     """Let the entry point import the worker's stdlib-only modules (config, stages)."""
     if str(WORKER_DIR) not in sys.path:
         sys.path.insert(0, str(WORKER_DIR))
 
 
-def drain_seconds() -> float:
-    """BAKERY_DRAIN_TIMEOUT, read by the worker's own row and rule (workers/openai/config.py): the worker's
-    stopwaitsecs must cover it."""
+def seconds(name: str) -> float:
+    """A number-of-seconds variable the entry point shares with the worker (BAKERY_DRAIN_TIMEOUT, the
+    worker's stop must cover it; BAKERY_EXIT_GRACE), read by its row and rule in workers/openai/config.py."""
     _worker_path()
     from workers.openai import config
 
-    name = "BAKERY_DRAIN_TIMEOUT"
     errors: list[str] = []
-    seconds = config.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
+    value = config.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
     if errors:
         raise BootError(errors[0])
-    return seconds
-
-
-def supervisor_config(engine: str, serverless: bool, drain: float = DEFAULT_DRAIN) -> str:
-    """The supervisord configuration for this boot: fixed commands, our paths, strict program names.
-
-    Stop order: supervisord stops programs in reverse priority order, each to its end before the
-    next, so on SIGTERM the worker (priority 200) stops first, draining its requests in flight for up
-    to `drain` seconds (its stopwaitsecs leaves 2 s more before a SIGKILL), and the engine (priority
-    100) is stopped only after that, while no request needs it any more.
-    """
-    if not PROGRAM_NAME.match(engine) or engine in RESERVED_PROGRAMS:
-        raise BootError(f"{engine!r} is not a valid engine program name")
-    python = _ini_path(VENV_PYTHON)
-    # -I: the launcher and the listener run on the worker's Python, which a launch template's
-    # PYTHONPATH/PYTHONHOME (meant for the engine) must not reach; the engine still inherits them.
-    program = f"""
-[program:{engine}]
-command={python} -I {_ini_path(BOOT_DIR / "launch.py")} {_ini_path(ENGINE_FILE)}
-; launch.py sends the engine's output to MODEL_LOG itself; only its own failure lines come here
-stdout_logfile=/dev/stdout
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-autorestart=false
-startsecs=0
-startretries=0
-priority=100
-stopwaitsecs=30
-"""
-    worker = f"""
-[program:worker]
-command=/bin/sh {_ini_path(WORKER_DIR / "start_server.sh")}
-stdout_logfile=/dev/stdout
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-autorestart=false
-startsecs=0
-startretries=0
-priority=200
-stopwaitsecs={math.ceil(drain) + WORKER_STOP_MARGIN}
-"""
-    return f"""[supervisord]
-nodaemon=true
-user=root
-; in the foreground supervisord already logs to stdout: a logfile would print every line twice
-logfile=/dev/null
-logfile_maxbytes=0
-pidfile={_ini_path(RUN_DIR / "supervisord.pid")}
-
-; watch.py asks supervisord (over this socket) for a dead program's exit status, which the
-; PROCESS_STATE_EXITED event itself does not carry.
-[unix_http_server]
-file={_ini_path(SOCKET)}
-chmod=0700
-
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-
-[supervisorctl]
-serverurl=unix://{_ini_path(SOCKET)}
-{program}{worker if serverless else ""}
-[eventlistener:bakery-watch]
-command={python} -I {_ini_path(BOOT_DIR / "watch.py")}
-events=PROCESS_STATE_EXITED,PROCESS_STATE_FATAL
-stdout_logfile=NONE
-stderr_logfile=/dev/stderr
-stderr_logfile_maxbytes=0
-"""
-
-
-# supervisor.getState as one XML-RPC call over HTTP/1.0 (the server closes after its answer).
-STATE_CALL = (b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName>"
-              b"<params></params></methodCall>")
-STATE_REQUEST = (b"POST /RPC2 HTTP/1.0\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n\r\n"
-                 % len(STATE_CALL)) + STATE_CALL
-
-
-def _ask_state(sock: Path, timeout: float) -> bytes:
-    """supervisord's raw answer to getState over its control socket; raises OSError until it listens."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        conn.connect(str(sock))
-        conn.sendall(STATE_REQUEST)
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-        return answer
-
-
-def wake(child: subprocess.Popen, sock: Path, timeout: float = 5.0) -> bool:
-    """Ask supervisord for its state as soon as its control socket answers; True once it has.
-
-    supervisord spawns its programs only after its main loop's first poll, which waits up to 1 s
-    for an event: this call is that event, so the engine and the worker start ~1 s sooner. It is
-    only a speed-up: if supervisord does not answer in time, it still starts them after that poll.
-    The call is written by hand on a plain socket: supervisor's own client (xmlrpc, http.client,
-    email) costs PID 1 ~0.1 s of CPU to import, taken from supervisord's start on a busy machine.
-    """
-    deadline = time.monotonic() + timeout
-    while child.poll() is None and time.monotonic() < deadline:
-        try:
-            answer = _ask_state(sock, max(deadline - time.monotonic(), 0.01))
-        except OSError:  # the socket is not there or not listening yet
-            time.sleep(0.005)
-            continue
-        return b"<string>RUNNING</string>" in answer
-    return False
+    return value
 
 
 def watch_stages(log: Path) -> None:
@@ -325,14 +190,15 @@ def watch_stages(log: Path) -> None:
 
 
 def main() -> int:
-    """Boot the container; returns the exit status of the program that died first."""
+    """Boot the container; returns the exit status of the program that ended first."""
     try:
         # Every launch variable is checked before anything is written or started.
         serverless = flag("SERVERLESS")
         engine = engine_name(backend())
         log = model_log(engine)
         argv = engine_argv()
-        config_text = supervisor_config(engine, serverless, drain_seconds() if serverless else DEFAULT_DRAIN)
+        drain = seconds("BAKERY_DRAIN_TIMEOUT") if serverless else DEFAULT_DRAIN
+        grace = seconds("BAKERY_EXIT_GRACE")
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         lock = open(RUN_DIR / "entrypoint.lock", "w")  # noqa: SIM115 - held for the process lifetime
         try:
@@ -343,31 +209,22 @@ def main() -> int:
     except BootError as exc:
         print(f"bakery: {exc}", file=sys.stderr, flush=True)
         return 2
-    status_file = RUN_DIR / "exit-status"
-    status_file.unlink(missing_ok=True)
-    (RUN_DIR / READY_MARK).unlink(missing_ok=True)  # the health check never counts an earlier boot's
-    write_engine_file(argv, log)
-    config = RUN_DIR / "supervisord.conf"
-    config.write_text(config_text, encoding="utf-8")
+    for stale in (READY_MARK, f"{engine}.pid", "worker.pid"):  # nothing of an earlier boot counts
+        (RUN_DIR / stale).unlink(missing_ok=True)
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
     print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
     os.environ["BAKERY_ENGINE_PROGRAM"] = engine
-    supervisord = str(Path(VENV_PYTHON).with_name("supervisord"))
-    child = subprocess.Popen([supervisord, "-c", str(config)])
-    # Started while supervisord imports (~0.15 s before it spawns the engine), so it takes nothing
-    # from the boot and is reading the log well before the engine's first line.
-    watch_stages(log)
 
-    def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
+    worker = ["/bin/sh", str(WORKER_DIR / "start_server.sh")] if serverless else None
+    # The stage watch starts reading MODEL_LOG before the engine writes its first line.
+    return supervise.run_programs(engine, argv, str(log), worker, grace=grace,
+                                  worker_stop=math.ceil(drain) + WORKER_STOP_MARGIN, engine_stop=ENGINE_STOP_SECONDS,
+                                  pid_dir=RUN_DIR, before_spawn=lambda: watch_stages(log), say=say)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    wake(child, SOCKET)
-    code = child.wait()
-    if status_file.exists():
-        return int(status_file.read_text().strip() or 1)
-    return code
+
+def say(line: str) -> None:
+    """One line to the container's log, at once (the gate reads their Docker timestamps)."""
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,14 @@ For every variable blank counts as unset (`value()`), so `MODEL_LOG=""` means th
 
 Kinds (`parse`): "text" (stripped), "lines" (a log-line list, see parse_lines), "int" (Python's
 int() of the stripped text, positive), "digits" (ASCII-style digits only, positive), "number" (a
-positive finite float), "bool" (true/1/yes or false/0/no, any case), "drain" (a number of seconds
-from 0 to MAX_DRAIN_SECONDS), and, judged by their owner module, "url", "choice", "routes", "route",
-"port", "platform", "varname", "hosts". The two integer rules differ on text like "+3" or "1_000" (int()
-takes them, digits does not): each variable keeps the rule it always had.
+positive finite float), "bool" (true/1/yes or false/0/no, any case), "seconds" and "drain" (a number
+of seconds from 0 to MAX_DRAIN_SECONDS; drain's refusal says what the drain is), and, judged by their
+owner module, "url", "choice", "routes", "route", "port", "platform", "varname", "hosts". The two
+integer rules differ on text like "+3" or "1_000" (int() takes them, digits does not): each variable
+keeps the rule it always had.
 
-worker/boot/entrypoint.py (the image's entry point) imports this module for the one variable it
-shares with the worker, BAKERY_DRAIN_TIMEOUT, so both read it by the same rule.
+worker/boot/entrypoint.py (the image's entry point) imports this module for BAKERY_DRAIN_TIMEOUT, which
+it shares with the worker (so both read it by the same rule), and its own BAKERY_EXIT_GRACE.
 
 This module imports only the standard library.
 """
@@ -67,7 +68,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("MODEL_INFO_LOG_MSGS", "lines", None, "warn", "core", "log lines reported as information"),
     Var("MODEL_HEALTH_ENDPOINT", "text", "/health", "none", "core",
         "a path (against MODEL_SERVER_URL) or a full URL"),
-    Var("BAKERY_ENGINE_PROGRAM", "text", None, "none", "generic", "the engine's supervisord program (= its name)"),
+    Var("BAKERY_ENGINE_PROGRAM", "text", None, "none", "generic", "the engine's program name (its exit line's)"),
     Var("BAKERY_MODEL_VAR", "varname", None, "none", "core", "the variable holding the model id"),
     Var("BAKERY_ENGINE_CMD", "text", None, "exit", "entrypoint", "the engine's argv (JSON list)", "entry point"),
     Var("BAKERY_ENGINE_ARGS_VAR", "varname", None, "exit", "entrypoint",
@@ -135,6 +136,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_MAX_CONNECTIONS", "digits", 2048, "exit", "guards", "open connections on WORKER_PORT"),
     # Drain (drain.py; also read by the entry point, which sizes the worker's stopwaitsecs from it).
     Var("BAKERY_DRAIN_TIMEOUT", "drain", 8.0, "exit", "drain", "seconds requests in flight get after SIGTERM"),
+    # The entry point's stop after the engine ended on its own (worker/boot/supervise.py).
+    Var("BAKERY_EXIT_GRACE", "seconds", 10.0, "exit", "entrypoint",
+        "seconds the worker gets to report an engine that ended before the container stops", "entry point"),
     # Late error lines (late_errors.py): the health probes that decide whether one counts.
     Var("BAKERY_LATE_ERROR_PROBES", "digits", 4, "warn", "late_errors",
         "health probes in a row that must answer 200 for an error line after load not to count"),
@@ -271,6 +275,12 @@ def _convert(name: str, kind: str, raw: str, default: Any, bad: str) -> Any:
         if strict:
             raise BadValue(f"{name}={raw!r} is not a positive number of seconds (default {default:g})")
         raise BadValue(f"{name}={raw!r} is not a positive finite number; using the default {default:g}")
+    if kind == "seconds":
+        number = _number(raw)
+        if math.isfinite(number) and 0 <= number <= MAX_DRAIN_SECONDS:
+            return number
+        raise BadValue(f"{name}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g} "
+                       f"(default {default:g})")
     if kind == "drain":
         number = _number(raw)
         if math.isfinite(number) and 0 <= number <= MAX_DRAIN_SECONDS:

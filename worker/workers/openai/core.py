@@ -589,8 +589,8 @@ class _LaunchFailureExit(logging.Handler):
 class PerRequestLines(logging.Filter):
     """Drops the SDK's four DEBUG lines per proxied request (PER_REQUEST_LINE); every other line passes.
 
-    Each line costs the worker's only thread a format and a write, and in an image supervisord's and
-    the container log driver's CPU on the same cores: in an image the worker proxies ~1.3x as many
+    Each line costs the worker's only thread a format and a write, and in an image the container log
+    driver's CPU on the same cores: in an image the worker proxies ~1.3x as many
     requests without them (BENCHMARKS.md). Readiness, benchmark, error, status-report
     and session lines all stay.
     """

@@ -11,10 +11,10 @@ answer half-sent included, was cut. With it:
    BAKERY_DRAIN_TIMEOUT seconds (default 8, inside Docker's default grace).
 3. The outcomes of the requests that ended meanwhile (served, and refused with 503) are sent to the
    autoscaler before the exit (the SDK sends them once a second: the last ones would be lost), within
-   what is left of the drain time and at least FLUSH_FLOOR seconds (inside the 2 s supervisord gives
-   the worker beyond the drain).
-4. The worker exits 0; supervisord then stops the engine (worker/boot/entrypoint.py orders the two
-   and gives the worker stopwaitsecs to cover the drain).
+   what is left of the drain time and at least FLUSH_FLOOR seconds (inside the 2 s the entry point
+   gives the worker beyond the drain).
+4. The worker exits 0; the entry point then stops the engine (worker/boot/supervise.py orders the
+   two, and gives the worker the drain plus 2 s before a SIGKILL).
 
 Hooked into the SDK's server through the guards' Context (an outermost middleware and a startup
 hook); this module imports only the standard library at import time, so its rules are unit-tested

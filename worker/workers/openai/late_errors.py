@@ -12,7 +12,7 @@ The policy (docs/engines.md, "The worker's error policy after load"):
 - before the model is loaded (the SDK's loaded flag is not set, or the worker is already errored),
   every error line counts, as in the SDK;
 - the engine's exit line (`INFO exited: <engine>`, written by bakery's entry point when the
-  engine program exits, worker/boot/watch.py) counts at once, also after load;
+  engine program exits, worker/boot/supervise.py) counts at once, also after load;
 - any other error line after load counts only if the engine's health endpoint (MODEL_HEALTH_ENDPOINT)
   fails: any answer but 200, a refused connection or no answer within PROBE_TIMEOUT. It is probed at
   once, then again until BAKERY_LATE_ERROR_PROBES probes in a row have answered 200,
@@ -25,7 +25,7 @@ The policy (docs/engines.md, "The worker's error policy after load"):
   public key) passes through unchanged.
 An error line that counts also asks the SDK for a status report at its next 1 s tick: the errored
 report leaves within about a second instead of at the SDK's next 10 s report, inside the grace
-worker/boot/watch.py gives it before it stops the container.
+worker/boot/supervise.py gives it before it stops the container.
 
 The SDK's tail loop keeps reading after an error line (its `break` only leaves the loop over the
 line's log actions), so a later line, a real failure after a held one, still reaches this module.
@@ -49,7 +49,7 @@ from workers.openai import config, sdk_seam
 WHO = "late_errors.py"
 PROBES_VAR = "BAKERY_LATE_ERROR_PROBES"
 INTERVAL_VAR = "BAKERY_LATE_ERROR_INTERVAL"
-EXIT_PREFIX = "INFO exited: "  # the line worker/boot/watch.py writes into MODEL_LOG when the engine exits
+EXIT_PREFIX = "INFO exited: "  # the line worker/boot/supervise.py writes into MODEL_LOG when the engine exits
 PROBE_TIMEOUT = 5.0  # seconds one health probe may take before it counts as a failure
 WARN_EVERY = 60.0  # seconds between two warnings about lines that did not count
 LINE_CHARS = 300  # of a log line, in a warning
