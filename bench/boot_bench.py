@@ -77,10 +77,10 @@ def _dist_name(text: str) -> str:
 
 def worker_extras(wheels: Path, python_version: str) -> list[str]:
     """The worker's locked requirements that the SDK's own dependency set in `wheels` lacks (bakery's
-    additions, e.g. msgspec), as `name==version`; supervisor is the entry point's, not the worker's."""
+    additions, e.g. msgspec), as `name==version`."""
     brought = {_dist_name(w.name) for w in wheels.glob("*.whl")}
     specs = [line.split(" --hash", 1)[0] for line in requirement_lines(python_version)]
-    return [spec for spec in specs if _dist_name(spec) not in brought | {"supervisor"}]
+    return [spec for spec in specs if _dist_name(spec) not in brought]
 
 
 def upstream_wheelhouse(python_version: str = "3.11") -> Path:
@@ -189,7 +189,7 @@ class RoutableRun:
 # Milestones of a boot of ours, in order, as (name, a line of the container's output that marks it).
 MILESTONES = (
     ("entry point's first line", "bakery: starting"),
-    ("supervisord spawns the worker", "spawned: 'worker'"),
+    ("the entry point spawns the worker", "spawned: 'worker'"),
     ("the worker's first line", "Using worker backend"),
     ("SDK imported, config built", "bakery-worker: log="),
     ("SDK's HTTP servers started", LISTEN_LINE),
@@ -372,7 +372,7 @@ class Boots:
         """Start a second worker in `container` on `port`, its output in /tmp/<name>.log; wait until ready.
 
         `bare`: bench/sdk_bare_worker.py (the SDK alone). `direct`: the shipped worker
-        (start_server.sh -> workers/<backend>/worker.py) without supervisord, output to a file.
+        (start_server.sh -> workers/<backend>/worker.py) started by hand, output to a file.
         """
         env = {"WORKER_PORT": str(port), f"VAST_TCP_PORT_{port}": str(port), "WORKER_HTTP_PORT": str(port + 1),
                "WORKER_STATE_DIR": f"/tmp/state-{name}"}

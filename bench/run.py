@@ -240,7 +240,7 @@ def measure_boots(boots: Boots, ctx: dict, results: Results, round_no: int) -> N
 
 
 def measure_overhead(boots: Boots, container, results: Results, round_no: int, seconds: float) -> None:
-    """Direct vs through the shipped worker, the worker without supervisord, and the bare SDK."""
+    """Direct vs through the shipped worker, the same worker started by hand, and the bare SDK."""
     # Direct requests open a connection each, as the SDK itself reaches the engine (its connector has
     # force_close=True); a keep-alive connection to the stand-in stalls ~40 ms per answer (see notes).
     targets = [("direct", container, 18000, False), ("worker", container, LOAD_PORTS["worker"], True),
@@ -274,7 +274,7 @@ def measure_overhead(boots: Boots, container, results: Results, round_no: int, s
                 fmt="{:.2f}").add(b["rps"] / d["rps"])
     results.row("rps_ours_bare", "   ratio shipped worker / bare SDK worker, throughput (ours)", "x",
                 ">= 0.95", lambda v: v >= 0.95, "{:.2f}").add(w["rps"] / b["rps"])
-    results.row("rps_dw_bare", "   ratio our worker without supervisord / bare SDK, throughput", "x",
+    results.row("rps_dw_bare", "   ratio our worker started by hand / bare SDK, throughput", "x",
                 fmt="{:.2f}").add(dw["rps"] / b["rps"])
     results.row("p50_ours_bare", "   p50 shipped worker - bare SDK worker, c=16", "ms", fmt="{:.2f}").add(
         w["p50_ms"] - b["p50_ms"])
@@ -464,7 +464,7 @@ def main() -> int:
               "rps_ratio": "throughput at c=16, through the worker / direct",
               "rps_bare_ratio": "throughput at c=16, bare SDK worker / direct",
               "rps_ours_bare": "throughput at c=16, shipped worker / bare SDK worker",
-              "rps_dw_bare": "throughput at c=16, our worker without supervisord / bare SDK worker",
+              "rps_dw_bare": "throughput at c=16, our worker started by hand / bare SDK worker",
               "rb_worker_pct": "rebuild after a worker change / full build (%)",
               "rb_bake_pct": "rebuild after a bake change / full build (%)",
               "rb_commit_pct": "rebuild after a worker change as a new commit / full build (%)"}
