@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from bakery.paths import BASES_DIR, REPO_ROOT
+from tests.ports import free_port
 
 STANDIN_DIR = BASES_DIR / "standin"
 IN_CI = os.environ.get("CI") == "true"
@@ -102,12 +102,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 # ---------------------------------------------------------------------------------------------------
 # Stand-in processes on the host
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bakery.host import downloads
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 # The SDK's check, called on a minimal backend holding the stand-in's public key: prints one
@@ -44,12 +44,6 @@ def _cli(python: str, state: Path, *args: str, check: bool = True) -> subprocess
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     return subprocess.run([python, "-m", "controlplane", "--state", str(state), *args], env=env,
                           capture_output=True, text=True, timeout=120, check=check)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Served:
@@ -79,7 +73,7 @@ class Served:
 
 @pytest.fixture
 def served(python: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     withhold = getattr(request, "param", ["--withhold"])
     proc = subprocess.Popen([python, "-m", "controlplane", "--state", str(tmp_path), "serve", "--port", str(port),

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,15 +33,9 @@ import yaml
 
 from bakery.build.verify import GateResult, run_gate
 from tests.host_tools import require_tool
+from tests.ports import free_port
 
 START_TIMEOUT = 20.0  # seconds until a started registry must answer /v2/; it takes ~0.1 s here
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

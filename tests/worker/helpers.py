@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,13 +30,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.ports import free_port, free_port_pair
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DIR = REPO / "worker"
 START_SERVER = WORKER_DIR / "start_server.sh"
 HERE = Path(__file__).resolve().parent
 STANDIN = REPO / "bases" / "standin" / "run_standin.py"  # the project's vLLM/SGLang stand-ins
 LLAMA_ENGINE = HERE / "llama_engine.py"
-RESERVED_PORTS = {3000, 3001, 18000}  # containers and other tests use these
 
 if str(WORKER_DIR) not in sys.path:
     sys.path.insert(0, str(WORKER_DIR))  # `workers.openai.core` for the unit tests
@@ -49,31 +49,6 @@ STANDIN_MODEL = "standin-model"  # the model the stand-ins serve unless told
 
 
 # --------------------------------------------------------------------------- ports and processes
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))  # noqa: S104 (the SDK binds all interfaces: test the same)
-        except OSError:
-            return False
-    return True
-
-
-def free_port_pair() -> int:
-    """A free port P with P+1 free too (the SDK also binds WORKER_PORT+1), never a reserved one."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + 1 < 65536 and not {port, port + 1} & RESERVED_PORTS and _bindable(port) and _bindable(port + 1):
-            return port
-    raise RuntimeError("no free port pair found")
-
-
-def free_port() -> int:
-    """One free loopback port."""
-    return free_port_pair()
 
 
 class Proc:
