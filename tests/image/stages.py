@@ -74,9 +74,9 @@ def boundaries(launched: Any, engine: str, is_ready_report: Any) -> dict[str, fl
         stamp, _, text = line.partition(" ")
         if "engine_spawned" not in found and f"spawned: '{engine}'" in text:
             found["engine_spawned"] = docker_time(stamp)
-        match = STAGE_LINE.search(text)
-        if match and match.group(1) not in found:
-            found[match.group(1)] = float(match.group(2))
+        for match in STAGE_LINE.finditer(text):  # every one: a line may hold two, glued by their writers
+            if match.group(1) not in found:
+                found[match.group(1)] = float(match.group(2))
     ready_sent = found.pop("ready_report_sent", None)
     if launched.controlplane:
         times = [float(r["time"]) for r in launched.records("/worker_status/") if is_ready_report(r.get("body"))]

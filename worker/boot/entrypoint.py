@@ -20,6 +20,7 @@ import shlex
 import sys
 import unicodedata
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # supervise.py, also when loaded by path (tests)
 import supervise
@@ -184,9 +185,9 @@ def watch_stages(log: Path) -> None:
         _worker_path()
         from workers.openai import stages
 
-        stages.start_watch(log, os.environ, lambda line: print(line, flush=True))
+        stages.start_watch(log, os.environ, say)
     except Exception as exc:  # noqa: BLE001 - a report, not a reason to stop the boot
-        print(f"bakery: the load's stages are not stamped: {exc}", file=sys.stderr, flush=True)
+        say(f"bakery: the load's stages are not stamped: {exc}", sys.stderr)
 
 
 def main() -> int:
@@ -207,12 +208,12 @@ def main() -> int:
             raise BootError("the entry point is already running in this container: one engine, one worker") from None
         rotate(log)
     except BootError as exc:
-        print(f"bakery: {exc}", file=sys.stderr, flush=True)
+        say(f"bakery: {exc}", sys.stderr)
         return 2
     for stale in (READY_MARK, f"{engine}.pid", "worker.pid"):  # nothing of an earlier boot counts
         (RUN_DIR / stale).unlink(missing_ok=True)
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
-    print(f"bakery: starting {engine} ({mode}); engine output -> {log}", flush=True)
+    say(f"bakery: starting {engine} ({mode}); engine output -> {log}")
     os.environ["BAKERY_ENGINE_PROGRAM"] = engine
 
     worker = ["/bin/sh", str(WORKER_DIR / "start_server.sh")] if serverless else None
@@ -222,9 +223,12 @@ def main() -> int:
                                   pid_dir=RUN_DIR, before_spawn=lambda: watch_stages(log), say=say)
 
 
-def say(line: str) -> None:
-    """One line to the container's log, at once (the gate reads their Docker timestamps)."""
-    print(line, flush=True)
+def say(line: str, stream: TextIO | None = None) -> None:
+    """One line to the container's log, at once (the gate reads their Docker timestamps), in one write:
+    the worker writes to the same pipe, and a line split in two writes could be glued to one of its."""
+    out = stream or sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 if __name__ == "__main__":

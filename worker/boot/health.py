@@ -74,7 +74,8 @@ def main() -> int:
         ready, why = check_worker() if serverless else check_engine()
     except Exception as exc:  # noqa: BLE001 - a health check answers, it never dies with a traceback
         ready, why = False, f"the check itself failed ({type(exc).__name__}: {exc})"
-    print(f"bakery health: {'healthy' if ready else 'unhealthy'}: {why}", flush=True)
+    sys.stdout.write(f"bakery health: {'healthy' if ready else 'unhealthy'}: {why}\n")
+    sys.stdout.flush()
     return 0 if ready else 1
 
 

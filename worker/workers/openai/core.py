@@ -28,7 +28,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urljoin, urlsplit
 
 from workers.openai import (
@@ -468,16 +468,24 @@ def claim_ports(settings: Settings, lock_dir: Path | None = None) -> int:
 # --------------------------------------------------------------------------- running
 
 
+def line_out(stream: TextIO, line: str) -> None:
+    """Write `line` and its newline in one write. The worker runs unbuffered (PYTHONUNBUFFERED), so
+    print() would make two writes to the container's output, and the entry point's lines, written
+    to the same pipe, could land between a line and its newline (glued onto it)."""
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _say(message: str) -> None:
-    print(message, flush=True)
+    line_out(sys.stdout, message)
 
 
 def _warn(message: str) -> None:
-    print(f"bakery-worker: warning: {message}", file=sys.stderr, flush=True)
+    line_out(sys.stderr, f"bakery-worker: warning: {message}")
 
 
 def _fail(message: str, code: int) -> None:
-    print(f"bakery-worker: error: {message}", file=sys.stderr, flush=True)
+    line_out(sys.stderr, f"bakery-worker: error: {message}")
     raise SystemExit(code)
 
 
@@ -581,7 +589,7 @@ class _LaunchFailureExit(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if message.startswith(SDK_LAUNCH_FAILURE):
-            print(f"bakery-worker: error: {message}", file=sys.stderr, flush=True)
+            line_out(sys.stderr, f"bakery-worker: error: {message}")
             sys.stdout.flush()
             os._exit(EXIT_PORT_BUSY if "address already in use" in message.lower() else EXIT_SDK)
 
@@ -771,7 +779,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         cfg = load_config(defaults, config.snapshot() if env is None else env)
     except ConfigError as exc:
         for line in exc.lines:
-            print(f"bakery-worker: error: {line}", file=sys.stderr, flush=True)
+            line_out(sys.stderr, f"bakery-worker: error: {line}")
         raise SystemExit(EXIT_CONFIG) from None
     settings, limits = cfg.settings, cfg.limits
     _say(banner(settings))

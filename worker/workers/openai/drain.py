@@ -195,4 +195,5 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
 
 
 def _say(message: str) -> None:
-    print(message, flush=True)
+    sys.stdout.write(message + "\n")  # one write: see core.line_out
+    sys.stdout.flush()

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from workers.openai import config
-from workers.openai.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, parse_lines, run
+from workers.openai.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, line_out, parse_lines, run
 
 REQUIRED = ("BAKERY_ENGINE_PROGRAM", "MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
 EXIT_CONFIG = 2
@@ -50,7 +50,7 @@ def main() -> None:
     try:
         defaults = defaults_from_env(config.snapshot())
     except MissingBake as exc:
-        print(f"bakery-worker: error: {exc}", file=sys.stderr, flush=True)
+        line_out(sys.stderr, f"bakery-worker: error: {exc}")
         raise SystemExit(EXIT_CONFIG) from None
     run(defaults)
 
