@@ -139,28 +139,22 @@ def test_the_two_integer_rules_keep_their_differences() -> None:
     assert config.parse({"X": " 3 "}, "X", "digits", "exit", 1) == 3
 
 
-@pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("3600", 3600.0), (" 2.5 ", 2.5)])
-def test_drain_seconds(raw: str, value: float) -> None:
-    assert config.read({"BAKERY_DRAIN_TIMEOUT": raw}, "BAKERY_DRAIN_TIMEOUT") == value
+SECONDS = [("BAKERY_DRAIN_TIMEOUT", 8.0), ("BAKERY_EXIT_GRACE", 10.0)]  # seconds from 0 to 3600, and defaults
 
 
+@pytest.mark.parametrize(("name", "default"), SECONDS)
+@pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("3600", 3600.0), (" 2.5 ", 2.5), ("", None)])
+def test_seconds(name: str, default: float, raw: str, value: float | None) -> None:
+    assert config.read({name: raw}, name) == (default if value is None else value)
+
+
+@pytest.mark.parametrize(("name", "default"), SECONDS)
 @pytest.mark.parametrize("raw", ["-1", "3601", "inf", "nan", "8s"])
-def test_drain_seconds_refused(raw: str) -> None:
+def test_seconds_refused_naming_the_variable(name: str, default: float, raw: str) -> None:
     errors: list[str] = []
-    assert config.read({"BAKERY_DRAIN_TIMEOUT": raw}, "BAKERY_DRAIN_TIMEOUT", errors=errors) == 8.0
-    assert len(errors) == 1 and errors[0].startswith(f"BAKERY_DRAIN_TIMEOUT={raw!r} ")
-
-
-@pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("3600", 3600.0), (" 2.5 ", 2.5), ("", 10.0)])
-def test_exit_grace_seconds(raw: str, value: float) -> None:
-    assert config.read({"BAKERY_EXIT_GRACE": raw}, "BAKERY_EXIT_GRACE") == value
-
-
-@pytest.mark.parametrize("raw", ["-1", "3601", "inf", "nan", "10s"])
-def test_exit_grace_refused_naming_it(raw: str) -> None:
-    errors: list[str] = []
-    assert config.read({"BAKERY_EXIT_GRACE": raw}, "BAKERY_EXIT_GRACE", errors=errors) == 10.0
-    assert errors == [f"BAKERY_EXIT_GRACE={raw!r} is not a number of seconds from 0 to 3600 (default 10)"]
+    assert config.read({name: raw}, name, errors=errors) == default
+    assert len(errors) == 1 and errors[0].startswith(f"{name}={raw!r} is not a number of seconds from 0 to 3600")
+    assert f"(default {default:g}" in errors[0]
 
 
 def test_numbers_are_finite() -> None:
