@@ -179,8 +179,9 @@ class Supervisor:
                 if program is not None and program.pid == pid:
                     self.exited(program, status)
 
-    def due(self) -> float | None:
-        """Seconds until the next deadline (grace end or a SIGKILL), acting on the ones past."""
+    def act_on_deadlines(self) -> float | None:
+        """Act on the deadlines that have passed (the grace's end: stop; a stop time: SIGKILL), and
+        return the seconds until the next one (None: none pending)."""
         now = time.monotonic()
         if self.stop_at is not None and now >= self.stop_at:
             self.begin_stop()
@@ -207,10 +208,8 @@ class Supervisor:
                 self.say(f"bakery: {signal.Signals(self.requested).name} received: stopping the container")
                 self.requested = None
                 self.begin_stop()
-            timeout = self.due()
+            timeout = self.act_on_deadlines()
             if not self.alive():
-                if not self.stopping:  # nothing left to stop: the engine ended without a worker
-                    self.stopping = True
                 return self.status if self.status is not None else 0
             ready, _, _ = select.select([wake_fd], [], [], timeout)
             if ready:
@@ -245,16 +244,15 @@ def run_programs(name: str, argv: list[str], log: str, worker_argv: list[str] | 
                             grace=grace, worker_stop=worker_stop, engine_stop=engine_stop, say=say)
     wake_fd = supervisor.install()
     before_spawn()
-    env = os.environ
     failed: CannotStart | None = None
     try:
-        supervisor.engine.pid = spawn_engine(argv, log, env, say)
+        supervisor.engine.pid = spawn_engine(argv, log, os.environ, say)
     except CannotStart as exc:
         failed = exc
     else:
         started(supervisor.engine, pid_dir, say)
-    if supervisor.worker is not None and worker_argv:
-        supervisor.worker.pid = spawn_worker(worker_argv, env)
+    if supervisor.worker is not None and worker_argv is not None:
+        supervisor.worker.pid = spawn_worker(worker_argv, os.environ)
         started(supervisor.worker, pid_dir, say)
     if failed is not None:  # after the worker's start: it reads the exit line and reports the failure
         supervisor.not_started(failed.status)
