@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """N streamed completions at once (stdlib only), run as its own process by bench/serving_bench.py (part scale).
 
-    python3 streamload.py --port PORT [--streams 256] [--envelope] [--first-idx 1]
+    python3 streamload.py --port PORT [--streams 256] [--envelope [--url U --signature S]] [--first-idx 1]
                           [--body '{"model": "standin-model", "prompt": "scale", "stream": true}']
                           [--path /v1/completions] [--timeout 120]
 
@@ -10,7 +10,9 @@ time spent connecting -- a listen backlog that overflows, SYN retransmits -- is 
 then sends one POST of `--body` on each at the same moment and reads every answer: SSE over chunked
 transfer encoding (or a Content-Length body, or a body to EOF). With `--envelope` each body is
 wrapped in the SDK's envelope, as tests.worker.serving.envelope does (`{"auth_data": {...},
-"payload": body}`), stream i with reqnum = request_idx = `--first-idx` + i.
+"payload": body}`), stream i with reqnum = request_idx = `--first-idx` + i; `--url` and `--signature`
+fill auth_data for a worker that checks signatures (one signature serves every request: it covers
+the url alone).
 
 A streamed body ({"stream": true}) is complete when its `data: [DONE]` event arrived; another one when
 it answered 200 and its whole body was read. Prints one JSON object:
@@ -59,9 +61,10 @@ class Stream:
     error: str = ""
 
 
-def envelope(payload: dict, idx: int) -> dict:
-    """The SDK's envelope around `payload`, the fields of tests.worker.serving.envelope (UNSECURED)."""
-    auth = {"cost": "8", "endpoint": "test", "reqnum": idx, "request_idx": idx, "signature": "", "url": "x"}
+def envelope(payload: dict, idx: int, url: str = "x", signature: str = "") -> dict:
+    """The SDK's envelope around `payload`, the fields of tests.worker.serving.envelope (UNSECURED
+    unless `url` and `signature` are the platform's: its signature covers the url alone)."""
+    auth = {"cost": "8", "endpoint": "test", "reqnum": idx, "request_idx": idx, "signature": signature, "url": url}
     return {"auth_data": auth, "payload": payload}
 
 
@@ -161,9 +164,9 @@ async def run(args: argparse.Namespace) -> dict:
     payload = json.loads(args.body)
     streamed = bool(payload.get("stream"))
     streams = [Stream() for _ in range(args.streams)]
-    requests = [request_bytes(args.host, args.port, args.path,
-                              envelope(payload, args.first_idx + i) if args.envelope else payload)
-                for i in range(args.streams)]
+    bodies = [envelope(payload, args.first_idx + i, args.url, args.signature) if args.envelope else payload
+              for i in range(args.streams)]
+    requests = [request_bytes(args.host, args.port, args.path, body) for body in bodies]
     connected: asyncio.Queue = asyncio.Queue()
     go = asyncio.Event()
     began = time.perf_counter()
@@ -209,6 +212,9 @@ def main() -> int:
     parser.add_argument("--body", default=DEFAULT_BODY, help="the request's JSON body (an OpenAI payload)")
     parser.add_argument("--envelope", action="store_true", help="wrap each body in the SDK's envelope")
     parser.add_argument("--first-idx", type=int, default=1, help="reqnum/request_idx of the first enveloped body")
+    parser.add_argument("--url", default="x", help="with --envelope: auth_data.url (the worker's own URL)")
+    parser.add_argument("--signature", default="",
+                        help="with --envelope: auth_data.signature (the platform's, of --url)")
     parser.add_argument("--timeout", type=float, default=120.0, help="the whole run stops after this (s)")
     args = parser.parse_args()
     if args.host not in LOOPBACK:

@@ -42,6 +42,7 @@ from workers.openai import (
     routes,
     sdk_seam,
     serving,
+    signature_memo,
     stages,
     uploads,
 )
@@ -773,6 +774,23 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
                         run_dir=config.read(env, "BAKERY_RUN_DIR"), stage_lines=stage_lines)
 
 
+def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | None) -> Any:
+    """Add to the SDK's `worker` everything bakery adds, in its order; the guards' Context. Raises
+    guards.GuardError when an SDK hook is gone."""
+    settings, limits = cfg.settings, cfg.limits
+    # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
+    forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
+                    guards.ENGINE_KEEPALIVE)
+    signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
+    ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
+                         report_addr=cfg.report_addr, handlers=handlers)
+    serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
+                    settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
+                    stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
+    references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
+    return ctx
+
+
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     """Resolve the environment, claim the port, build the SDK's WorkerConfig and run the Worker."""
     try:
@@ -818,15 +836,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         _warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "
               "reported with no load")
     try:
-        # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
-        forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
-                        guards.ENGINE_KEEPALIVE)
-        ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
-                             report_addr=cfg.report_addr, handlers=handlers)
-        serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
-                        settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
-                        stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
-        references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
+        ctx = install_parts(worker, cfg, handlers)
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
     _say(guards.describe(guards.ACTIVE, limits))

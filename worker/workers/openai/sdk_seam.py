@@ -66,8 +66,9 @@ class Hook:
 
 HOOKS: tuple[Hook, ...] = (
     Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
-         ("own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
-         "the SDK's per-request signature check: own_url adds the URL check, pubkey_retry counts failures "
+         ("signature_memo", "own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
+         "the SDK's per-request signature check: signature_memo accepts a pair it accepted under the same "
+         "key without the RSA step, own_url adds the URL check, pubkey_retry counts failures "
          "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
          "sessions calls it for /session/*, envelope before the payload is parsed"),
     Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
@@ -85,11 +86,15 @@ HOOKS: tuple[Hook, ...] = (
          "the key for the worker's lifetime (key_rotation.py)"),
     Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
          "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
-    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url"),
+    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url", "signature_memo"),
          "the platform's public key the SDK checks signatures with: set (and replaced when it rotates) by "
-         "pubkey_retry, read by outcomes"),
-    Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes"),
+         "pubkey_retry, read by outcomes and signature_memo (an accepted pair holds for its key only)"),
+    Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes",
+                                                       "signature_memo"),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
+    Hook("reqnum", "Backend", "reqnum", "set", ("signature_memo",),
+         "the highest reqnum the SDK accepted a signature for (its check's one side effect): set as the "
+         "check sets it when signature_memo accepts a pair it knows"),
     Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes",
                                                    "late_errors", "envelope", "ready_mark"),
          "the Backend's Metrics (status reports, request outcomes)"),
@@ -230,6 +235,12 @@ def replace_in_module(key: str, who: str, value: Any) -> Any:
 def check_signature(backend: Any, auth_data: Any) -> bool:
     """The signature check as a request meets it now (with every guard's layer)."""
     return getattr(backend, BY_KEY["check_signature"].attr)(auth_data)
+
+
+def note_accepted_reqnum(backend: Any, reqnum: Any) -> None:
+    """What the SDK's check does with an accepted signature's reqnum (vastai 1.9.1: keeps the highest)."""
+    attr = BY_KEY["reqnum"].attr
+    setattr(backend, attr, max(reqnum, getattr(backend, attr)))
 
 
 

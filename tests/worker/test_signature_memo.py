@@ -1,0 +1,62 @@
+"""workers/openai/signature_memo.py on the real SDK: a pair the SDK's check accepted under a key is
+accepted again without the RSA step, and nothing else changes (tests/worker/signature_memo_probe.py
+builds the Worker as core.run() does and counts the SDK's own RSA verifications)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workers.openai import signature_memo
+
+from tests.worker.helpers import HERE, WORKER_DIR
+
+
+@pytest.fixture(scope="module")
+def facts(worker_python: Path) -> dict[str, Any]:
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    result = subprocess.run([str(worker_python), str(HERE / "signature_memo_probe.py")], capture_output=True,
+                            text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_valid_signature_is_verified_once_then_remembered(facts: dict[str, Any]) -> None:
+    assert facts["first"] == {"valid": True, "rsa": 1, "reqnum": 10}
+    assert [f["valid"] for f in facts["again"]] == [True, True, True]
+    assert [f["rsa"] for f in facts["again"]] == [0, 0, 0]
+
+
+def test_a_remembered_signature_keeps_the_sdks_reqnum(facts: dict[str, Any]) -> None:
+    """The SDK's check keeps the highest reqnum it accepted: so does a remembered pair."""
+    assert [f["reqnum"] for f in facts["again"]] == [50, 50, 50]
+
+
+@pytest.mark.parametrize("case", ["flipped", "other_key"])
+def test_a_refused_signature_is_verified_every_time(facts: dict[str, Any], case: str) -> None:
+    assert all(f == {"valid": False, "rsa": 1, "reqnum": 50} for f in facts[case]), facts[case]
+
+
+def test_the_url_check_still_comes_first(facts: dict[str, Any]) -> None:
+    """A signature for another worker's URL is refused by own_url before any RSA step."""
+    assert facts["other_url"] == {"valid": False, "rsa": 0, "reqnum": 50}
+
+
+def test_a_new_key_meets_no_remembered_pair(facts: dict[str, Any]) -> None:
+    assert [(f["valid"], f["rsa"]) for f in facts["after_rotation_old_signature"]] == [(False, 1), (False, 1)]
+    assert [(f["valid"], f["rsa"]) for f in facts["after_rotation_new_signature"]] == [(True, 1), (True, 0)]
+    assert [(f["valid"], f["rsa"]) for f in facts["same_key_new_object"]] == [(True, 1), (True, 0)]
+
+
+def test_the_memo_is_bounded_oldest_out(facts: dict[str, Any]) -> None:
+    assert facts["bounded_fill"] == [[True, 1]] * (signature_memo.MAX_PAIRS + 1)
+    assert facts["bounded_last_again"] == [True, 0]
+    assert facts["bounded_first_again"] == [True, 1]  # pushed out by the 17th: verified again
+
+
+def test_unsecured_calls_the_sdks_check_as_it_is(facts: dict[str, Any]) -> None:
+    assert [f["valid"] for f in facts["unsecured"]] == [True, True]
