@@ -207,3 +207,20 @@ def test_the_boot_runs_on_the_standard_library_alone() -> None:
         workers = {node.module for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workers")}
         assert workers <= {"workers.openai"}, (path.name, workers)
+
+
+def test_the_stop_signals_are_held_before_anything_else_runs() -> None:
+    """As PID 1 an unhandled SIGTERM is dropped: the entry point blocks the stop signals (which
+    supervise.py unblocks once its handlers are in) before any other import or statement, and only
+    when run as the program (a test importing it must not pass a blocked mask to its children)."""
+    tree = ast.parse((REPO_ROOT / "worker" / "boot" / "entrypoint.py").read_text())
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    first = [ast.unparse(node) for node in body[:3]]
+    assert first[:2] == ["from __future__ import annotations", "import signal"], first
+    guard = body[2]
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "__name__ == '__main__'", first
+    assert [ast.unparse(node) for node in guard.body] == [
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})"]
+    supervise = (REPO_ROOT / "worker" / "boot" / "supervise.py").read_text()
+    assert "STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)" in supervise
+    assert "signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)" in supervise

@@ -63,11 +63,11 @@ class Run:
     """One supervised run: its plan, its output, its record."""
 
     def __init__(self, tmp: Path, engine: list[str], worker: list[str] | None, grace: float = 0.0,
-                 worker_stop: float = 10.0, engine_stop: float = 10.0) -> None:
+                 worker_stop: float = 10.0, engine_stop: float = 10.0, **boot: bool) -> None:
         self.tmp = tmp
         self.rec, self.log, self.out = tmp / "rec", tmp / "engine.log", tmp / "out"
         plan = {"name": "engine", "argv": engine, "log": str(self.log), "worker": worker, "grace": grace,
-                "worker_stop": worker_stop, "engine_stop": engine_stop, "pid_dir": str(tmp)}
+                "worker_stop": worker_stop, "engine_stop": engine_stop, "pid_dir": str(tmp), **boot}
         (tmp / "plan.json").write_text(json.dumps(plan))
         env = {**os.environ, "REC": str(self.rec), "ORPHAN": str(tmp / "orphan")}
         with open(self.out, "wb") as out:
@@ -124,6 +124,23 @@ def test_sigterm_drains_the_worker_before_the_engine_is_stopped(runs: list[Run],
     assert out.index("bakery: stopped: worker (exit status 0)") < out.index("bakery: stopping engine") \
         < out.index("bakery: stopped: engine (exit status 0)"), out
     assert "INFO exited" not in run.log.read_text()  # a stop we asked for is not the engine's failure
+
+
+def test_a_stop_signal_while_booting_ends_the_boot_before_anything_starts(runs: list[Run], tmp_path: Path) -> None:
+    """The entry point holds the stop signals from its first line (as PID 1 an unhandled SIGTERM is
+    dropped, and `docker stop` would wait its whole timeout): one that came meanwhile stops the boot."""
+    run = start(runs, tmp_path, child("engine", "run"), child("worker", "run"), stopped_while_booting=True)
+    assert run.finish() == 0, run.output()
+    assert "bakery: SIGTERM received before the engine started: nothing started, exiting" in run.output()
+    assert run.records() == [] and not (tmp_path / "engine.pid").exists()
+
+
+def test_held_stop_signals_reach_the_loop_and_no_child_inherits_them_held(runs: list[Run], tmp_path: Path) -> None:
+    run = start(runs, tmp_path, child("engine", "run"), child("worker", "run"), held=True)
+    run.wait_for("engine started", "worker started")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 0, run.output()
+    assert {"worker got SIGTERM", "engine got SIGTERM"} <= set(run.records())
 
 
 def test_pid_files_and_spawn_lines_name_the_children(runs: list[Run], tmp_path: Path) -> None:

@@ -11,6 +11,16 @@ whichever program ended first. Runs on the worker's own Python, standard library
 
 from __future__ import annotations
 
+import signal
+
+# First of all: hold the stop signals until supervise.py's handlers are in (it unblocks them then). As
+# PID 1 with no handler, the kernel drops a SIGTERM outright, and `docker stop` then waits its whole
+# timeout for a SIGKILL; held, it waits pending and stops the boot once the handlers are there. Only
+# the interpreter's own start (~15 ms) comes before this line.
+if __name__ == "__main__":  # not when a test imports this module: its children would inherit the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+# ruff: noqa: E402 (every other import comes after that line, on purpose)
+
 import fcntl
 import json
 import math

@@ -11,6 +11,8 @@
 - SIGTERM/SIGINT/SIGHUP: the worker is stopped first and drains its requests in flight (`worker_stop`
   seconds before a SIGKILL), then the engine (`engine_stop` seconds), which no request needs any
   more; the container exits 0.
+- A stop signal that came while the entry point booted (it holds them from its first line until the
+  handlers are in) ends the boot before anything is started: exit 0.
 - As PID 1 it reaps every child, also orphans re-parented to it.
 Each step prints one `bakery: ...` line to the container's log. Standard library only.
 """
@@ -231,6 +233,8 @@ class Supervisor:
         for sig in STOP_SIGNALS:
             signal.signal(sig, stop)
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)  # only to wake the loop
+        # The entry point held the stop signals from its first line: one that came meanwhile is handled now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return read_end
 
 
@@ -243,6 +247,10 @@ def run_programs(name: str, argv: list[str], log: str, worker_argv: list[str] | 
     supervisor = Supervisor(Program(name, None), Program("worker", None) if worker_argv else None, log,
                             grace=grace, worker_stop=worker_stop, engine_stop=engine_stop, say=say)
     wake_fd = supervisor.install()
+    if supervisor.requested is not None:  # stopped while booting: there is nothing to start or stop
+        say(f"bakery: {signal.Signals(supervisor.requested).name} received before the engine started: "
+            "nothing started, exiting")
+        return 0
     before_spawn()
     failed: CannotStart | None = None
     try:
