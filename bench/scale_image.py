@@ -16,9 +16,11 @@ stand-in of tests/controlplane inside the container serves the key and signs). F
 The load is bench/streamload.py run inside the container with the image's Python (a process of its
 own; the engine listens on the container's loopback only, and both sides go the same way). The
 worker's CPU (user + system of its process, from the host's /proc) per streamed event and its RSS at
-the round's peak per open stream; then N non-streamed one-token requests through :3000: CPU per
-request, signature check included. The idle share before each round, the CPU model once; nothing
-is asserted, it reports. Every container it starts is removed when it ends.
+the round's peak per open stream, and the machine's busy share during each side (near 100 %, the two
+cores are the limit: the load, the engine and the worker share them); then N non-streamed one-token
+requests through :3000: CPU per request, signature check included. The idle share before each
+round, the CPU model once; nothing is asserted, it reports. Every container it starts is removed
+when it ends.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ TOKENS = 64
 STANDIN = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": str(TOKENS)}
 LOAD_DIR = "/tmp/bakery-scale"
 ENGINE_PORT = 18000  # where images/<engine>.yaml's command binds the engine, inside the container
+
+
+def cpu_counters() -> tuple[int, int]:
+    """(idle, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def busy_since(before: tuple[int, int]) -> float:
+    """The machine's busy share since `before` (cpu_counters()): near 1.0, the load, the engine and the
+    worker together use both cores, and a ratio below 1 is the cores' limit, not the worker's."""
+    idle, total = cpu_counters()
+    return 1 - (idle - before[0]) / max(1, total - before[1])
 
 
 def load_archive() -> bytes:
@@ -110,25 +125,30 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
     idx = first_idx
     rows: dict[str, list[float]] = {key: [] for key in (
         "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "user", "system",
-        "kib_stream", "ms_req")}
+        "kib_stream", "ms_req", "busy_direct", "busy_worker")}
     for i in range(runs):
         sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
         say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
         seen: dict[str, dict] = {}
         for side in sides:
             idle = cpu_idle()
+            counters = cpu_counters()
             if side == "direct":
                 result = seen[side] = streamload(launched, ENGINE_PORT, n, payload, timeout, None)
-                say(f"    direct: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events = "
+                rows["busy_direct"].append(busy_since(counters))
+                say(f"    direct: idle before {idle:.0%}; machine busy {rows['busy_direct'][-1]:.0%} during; "
+                    f"{_outcome(result)}; {result['events']} events = "
                     f"{_num(result['events_per_s'])} events/s; first token p50 {_num(result['ttft_p50_ms'])} ms, "
                     f"p95 {_num(result['ttft_p95_ms'])} ms")
                 continue
             watch = Watch(worker)
             result = seen[side] = streamload(launched, 3000, n, payload, timeout, (*signed, idx))
             watch.stop()
+            rows["busy_worker"].append(busy_since(counters))
             idx += n
             events = result["events"]
-            line = (f"    :3000: idle before {idle:.0%}; {_outcome(result)}; {events} events = "
+            line = (f"    :3000: idle before {idle:.0%}; machine busy {rows['busy_worker'][-1]:.0%} during; "
+                    f"{_outcome(result)}; {events} events = "
                     f"{_num(result['events_per_s'])} events/s; first token p50 {_num(result['ttft_p50_ms'])} ms, "
                     f"p95 {_num(result['ttft_p95_ms'])} ms")
             if events:
@@ -161,7 +181,9 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
             f"{_num(ms, '.2f')} ms/request")
     say(f"  {n} streams through the image, medians over {runs} round(s): events/s direct "
         f"{_num(p50(rows['direct_eps']))}, :3000 {_num(p50(rows['worker_eps']))}, ratio "
-        f"{_num(p50(rows['ratio']), '.3f')}x [{', '.join(format(r, '.3f') for r in rows['ratio'])}]; first token "
+        f"{_num(p50(rows['ratio']), '.3f')}x [{', '.join(format(r, '.3f') for r in rows['ratio'])}] (machine busy "
+        f"{_num(p50(rows['busy_direct']) * 100, '.0f')} % direct, {_num(p50(rows['busy_worker']) * 100, '.0f')} % "
+        f"through :3000); first token "
         f"added p50 {_num(p50(rows['added_p50']), '+.1f')} ms, p95 {_num(p50(rows['added_p95']), '+.1f')} ms; "
         f"worker CPU {_num(p50(rows['us_event']))} us/event (user {_num(p50(rows['user']))}, system "
         f"{_num(p50(rows['system']))}), {_num(p50(rows['ms_req']), '.2f')} ms/request signed; RSS per open "
