@@ -38,7 +38,19 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
-from serving_bench import Watch, _added, _num, _outcome, cpu_idle, cpu_model, p50, say  # noqa: E402
+from serving_bench import (  # noqa: E402
+    Watch,
+    _added,
+    _num,
+    _outcome,
+    alternating_rounds,
+    cpu_idle,
+    cpu_model,
+    p50,
+    requests_round,
+    say,
+    stream_counts,
+)
 
 from tests.image import launch as gate  # noqa: E402
 
@@ -59,6 +71,16 @@ def busy_since(before: tuple[int, int]) -> float:
     worker together use both cores, and a ratio below 1 is the cores' limit, not the worker's."""
     idle, total = cpu_counters()
     return 1 - (idle - before[0]) / max(1, total - before[1])
+
+
+def arguments() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", default="sglang", help="an engine whose local base is a stand-in (default: sglang)")
+    parser.add_argument("--streams", default="256,1024", help="the stream counts, comma-separated")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--scale-timeout", type=float, default=120.0, help="a load round stops after this (s)")
+    return parser.parse_args()
 
 
 def load_archive() -> bytes:
@@ -126,9 +148,7 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
     rows: dict[str, list[float]] = {key: [] for key in (
         "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "user", "system",
         "kib_stream", "ms_req", "busy_direct", "busy_worker")}
-    for i in range(runs):
-        sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
-        say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
+    for i, sides in alternating_rounds(n, runs):
         seen: dict[str, dict] = {}
         for side in sides:
             idle = cpu_idle()
@@ -168,14 +188,9 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
                            ("added_p95", _added(through["ttft_p95_ms"], direct["ttft_p95_ms"]))):
             if value is not None:
                 rows[key].append(value)
-        idle = cpu_idle()
-        watch = Watch(worker)
-        result = streamload(launched, 3000, n, single, timeout, (*signed, idx))
-        watch.stop()
+        result, ms, idle, watch = requests_round(
+            worker, lambda: streamload(launched, 3000, n, single, timeout, (*signed, idx)), rows["ms_req"])  # noqa: B023
         idx += n
-        ms = watch.cpu / result["completed"] * 1000 if result["completed"] else None
-        if ms is not None:
-            rows["ms_req"].append(ms)
         say(f"    round {i + 1}: events/s :3000/direct {_num(ratio, '.3f')}x; requests: idle before {idle:.0%}; "
             f"{n} signed one-token answers: {_outcome(result)}; worker CPU {watch.cpu:.2f} s = "
             f"{_num(ms, '.2f')} ms/request")
@@ -192,17 +207,9 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="sglang", help="an engine whose local base is a stand-in (default: sglang)")
-    parser.add_argument("--streams", default="256,1024", help="the stream counts, comma-separated")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--scale-timeout", type=float, default=120.0, help="a load round stops after this (s)")
-    args = parser.parse_args()
-    try:
-        counts = [int(x) for x in args.streams.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1 or args.runs < 1:
+    args = arguments()
+    counts = stream_counts(args.streams)
+    if counts is None or args.runs < 1:
         print("scale_image: --streams takes positive integers (e.g. 256,1024) and --runs a positive one",
               file=sys.stderr)
         return 2

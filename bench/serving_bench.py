@@ -54,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -551,6 +552,39 @@ def _added(worker: float | None, direct: float | None) -> float | None:
     return None if worker is None or direct is None else worker - direct
 
 
+def alternating_rounds(n: int, runs: int) -> Iterator[tuple[int, tuple[str, str]]]:
+    """Each round's index and its two sides in order, "direct" first in even rounds so neither side
+    always meets the machine the other one warmed; says which round starts."""
+    for i in range(runs):
+        sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
+        say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
+        yield i, sides
+
+
+def stream_counts(text: str) -> list[int] | None:
+    """--streams ("256,1024") as positive integers, or None when it is not that."""
+    try:
+        counts = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        return None
+    return counts if counts and min(counts) >= 1 else None
+
+
+def requests_round(pid: int, load: Callable[[], dict],
+                   per_request: list[float]) -> tuple[dict, float | None, float, Watch]:
+    """One round of non-streamed requests (`load()` sends them): its result, the CPU per completed
+    request of the process tree at `pid` (ms, None when none completed; else also appended to
+    `per_request`), the idle share before, the watch."""
+    idle = cpu_idle()
+    watch = Watch(pid)
+    result = load()
+    watch.stop()
+    ms = watch.cpu / result["completed"] * 1000 if result["completed"] else None
+    if ms is not None:
+        per_request.append(ms)
+    return result, ms, idle, watch
+
+
 def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str) -> None:
     """N streams at once, direct and through the worker (see the module docstring, "scale")."""
     with Harness(tmp, worker_python, pubkey) as harness:
@@ -576,9 +610,7 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
     rows: dict[str, list[float]] = {key: [] for key in (
         "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "kib_stream", "ms_req",
         "cpu_s", "events", "streams")}
-    for i in range(runs):
-        sides = ("direct", "worker") if i % 2 == 0 else ("worker", "direct")
-        say(f"  {n} streams, round {i + 1} of {runs} ({sides[0]} first)")
+    for i, sides in alternating_rounds(n, runs):
         seen: dict[str, dict] = {}
         for side in sides:
             idle = cpu_idle()
@@ -622,14 +654,9 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
             if value is not None:
                 rows[key].append(value)
         # CPU per request: N non-streamed answers of one token through the worker.
-        idle = cpu_idle()
-        watch = Watch(worker_pid)
-        result = streamload(served.port, n, single, timeout, idx)
-        watch.stop()
+        result, ms_req, idle, watch = requests_round(
+            worker_pid, lambda: streamload(served.port, n, single, timeout, idx), rows["ms_req"])  # noqa: B023
         idx += n
-        ms_req = watch.cpu / result["completed"] * 1000 if result["completed"] else None
-        if ms_req is not None:
-            rows["ms_req"].append(ms_req)
         say(f"    requests: idle before {idle:.0%}; {n} non-streamed (max_tokens 1) through the worker: "
             f"{_outcome(result)} in {_num(result['wall_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
             f"{_num(ms_req, '.2f')} ms/request")
@@ -670,11 +697,8 @@ def main() -> int:
         print(f"serving_bench: unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}",
               file=sys.stderr)
         return 2
-    try:
-        counts = [int(n) for n in args.streams.split(",") if n.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
+    counts = stream_counts(args.streams)
+    if counts is None:
         print(f"serving_bench: --streams must be positive integers, comma-separated, got {args.streams!r}",
               file=sys.stderr)
         return 2

@@ -234,6 +234,16 @@ class SigningKey:
         return base64.b64encode(signature).decode()
 
 
+def probe_facts(worker_python: Path, *args: str, timeout: float = 120) -> Any:
+    """Run a probe (`args`: a script of tests/worker/ or `-c` code) on the worker venv's Python with worker/
+    on its path, and return the JSON its last line of output holds; the test fails on a non-zero exit."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    result = subprocess.run([str(worker_python), *args], capture_output=True, text=True, env=env, timeout=timeout,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def make_signing_key(worker_python: Path, bits: int = 2048) -> SigningKey:
     """A fresh key pair from the worker venv (pycryptodome, as the SDK uses to verify)."""
     code = (f"import json; from Crypto.PublicKey import RSA; k = RSA.generate({bits}); "

@@ -8,25 +8,19 @@ reuse, timeouts' 504) is held by test_streaming.py, test_engine_connections.py a
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.worker.helpers import probe_facts
+
 HERE = Path(__file__).resolve().parent
-WORKER_DIR = HERE.parent.parent / "worker"
 
 
 @pytest.fixture(scope="module")
 def report(worker_python: Path) -> dict[str, Any]:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([str(worker_python), str(HERE / "forward_probe.py")], capture_output=True, text=True,
-                            env=env, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return probe_facts(worker_python, str(HERE / "forward_probe.py"))
 
 
 @pytest.mark.parametrize("name", ["chunked", "length", "close", "empty", "bad_size", "no_crlf", "not_http",

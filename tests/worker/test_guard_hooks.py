@@ -11,26 +11,19 @@ says a captured envelope can be replayed with), so a release that signs more is 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from workers.openai import guards, sdk_seam
 
-from tests.worker.helpers import HERE, WORKER_DIR
+from tests.worker.helpers import HERE, probe_facts
 
 
 @pytest.fixture(scope="module")
 def facts(worker_python: Path) -> dict[str, Any]:
     """The probe's report from the real SDK."""
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([str(worker_python), str(HERE / "guard_hooks_probe.py")], capture_output=True,
-                            text=True, env=env, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return probe_facts(worker_python, str(HERE / "guard_hooks_probe.py"))
 
 
 def test_the_server_module_builds_its_apps_through_web(facts: dict[str, Any]) -> None:

@@ -8,9 +8,6 @@ bytes that are not UTF-8, CRLF), and the SDK hook it replaces is pinned.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 from workers.openai import log_tail
 from workers.openai.guards import GuardError
 
-from tests.worker.helpers import WORKER_DIR
+from tests.worker.helpers import probe_facts
 
 PROBE = r"""
 import asyncio, inspect, json, sys, tempfile
@@ -60,11 +57,7 @@ asyncio.run(main())
 
 
 def test_reads_what_anyio_reads_and_replaces_the_sdks_open_file(worker_python: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([str(worker_python), "-c", PROBE], capture_output=True, text=True, env=env,
-                            timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    facts = json.loads(result.stdout)
+    facts = probe_facts(worker_python, "-c", PROBE)
     assert facts["local"] == facts["anyio"], facts
     # As with anyio: a line written in two pieces is read in two pieces (the SDK's known limit, see
     # docs/architecture.md), bytes that are not UTF-8 are dropped, CRLF becomes a newline.

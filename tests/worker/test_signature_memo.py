@@ -4,25 +4,18 @@ builds the Worker as core.run() does and counts the SDK's own RSA verifications)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from workers.openai import signature_memo
 
-from tests.worker.helpers import HERE, WORKER_DIR
+from tests.worker.helpers import HERE, probe_facts
 
 
 @pytest.fixture(scope="module")
 def facts(worker_python: Path) -> dict[str, Any]:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([str(worker_python), str(HERE / "signature_memo_probe.py")], capture_output=True,
-                            text=True, env=env, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return probe_facts(worker_python, str(HERE / "signature_memo_probe.py"))
 
 
 def test_a_valid_signature_is_verified_once_then_remembered(facts: dict[str, Any]) -> None:
