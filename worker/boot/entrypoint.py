@@ -19,7 +19,6 @@ import signal
 # the interpreter's own start (~15 ms) comes before this line.
 if __name__ == "__main__":  # not when a test imports this module: its children would inherit the mask
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-# ruff: noqa: E402 (every other import comes after that line, on purpose)
 
 import fcntl
 import json
