@@ -13,7 +13,9 @@ not know, and reads the worker process's own counters around it (Linux /proc):
 - VmRSS before includes memory the worker freed and kept from earlier requests, so a body that fits
   in it shows less than it costs (the figure is what the worker grew by, not what it allocated).
 The targets (issue 21): peak added <= 3x the body, CPU <= 50 ms per MiB. A signed 16 MiB body is
-measured too, as the reference of what a served request costs. The machine's idle CPU share over the
+measured too, as the reference of what a served request costs, and a small forged request (a
+one-token completion whose signature is well formed but another key's: a flood's unit) beside the
+same request signed, with their CPU per request. The machine's idle CPU share over the
 whole run is printed (other load on the machine inflates the CPU figures). Nothing is asserted.
 Needs root (clear_refs) and loopback only.
 """
@@ -39,6 +41,7 @@ from bakery.host import downloads  # noqa: E402 (after the repo root is on sys.p
 from tests.worker.helpers import SDK_READY, Harness, SigningKey, make_signing_key  # noqa: E402
 
 MIB = 1024 * 1024
+SMALL_REPEAT = 2000  # a small body is sent this many times at most (its CPU is counted in 10 ms ticks)
 ROUTES = "/v1/completions,/v1/chat/completions,/v1/images/edits"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -89,7 +92,14 @@ def edit_body(auth: dict, size: int, files: int = 15) -> bytes:
                                       "filename": [f"{i}.png" for i in range(files)]}).encode())
 
 
+def small_body(auth: dict, size: int) -> bytes:
+    """A one-token completion (`size` is ignored): what a flood of forged requests would send."""
+    return envelope(auth, b'{"model": "standin-model", "prompt": "x", "max_tokens": 1}')
+
+
 CASES: dict[str, tuple[str, int, Callable[[dict, int], bytes], bool]] = {
+    "forged-small": ("/v1/completions", 0, small_body, False),
+    "signed-small": ("/v1/completions", 0, small_body, True),
     "items-1MiB": ("/v1/completions", 1 * MIB, items_body, False),
     "items-16MiB": ("/v1/completions", 16 * MIB, items_body, False),
     "deep60-16MiB": ("/v1/completions", 16 * MIB, deep_body, False),
@@ -111,8 +121,9 @@ def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
 
 def measure(pid: int, port: int, path: str, body: bytes) -> tuple[int, int, float]:
     """(status, peak RSS added in bytes, CPU seconds) of one request. A small body is sent several
-    times in a row (16 MiB in all) and its CPU divided: the kernel counts CPU in 10 ms ticks."""
-    repeat = max(1, 16 * MIB // len(body))
+    times in a row (16 MiB in all, at most SMALL_REPEAT times) and its CPU divided: the kernel counts
+    CPU in 10 ms ticks."""
+    repeat = max(1, min(SMALL_REPEAT, 16 * MIB // len(body)))
     time.sleep(0.3)  # let the worker settle (status reports, log polling)
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     before, cpu = proc_status(pid)["VmRSS"], cpu_seconds(pid)
@@ -147,17 +158,18 @@ def main() -> int:
             peak = statistics.median(r[1] for r in results)
             cpu = statistics.median(r[2] for r in results)
             mib = len(body) / MIB
-            rows.append((name, mib, statuses, peak / MIB, peak / len(body), cpu * 1000 / mib))
+            rows.append((name, mib, statuses, peak / MIB, peak / len(body), cpu * 1000 / mib, cpu * 1000))
             print(f"{name}: {statuses} peak +{peak / MIB:.1f} MiB, cpu {cpu:.3f} s", flush=True)
     idle1 = machine_idle()
     idle = (idle1[0] - idle0[0]) / max(1, idle1[1] - idle0[1])
     print()
     print(f"unsigned bench: {args.runs} runs each (median), Python {sys.version_info[0]}.{sys.version_info[1]} "
           f"host; machine idle {idle:.0%} of CPU over the run; targets: peak <= 3.0x, <= 50 ms/MiB")
-    print(f"{'case':<20}{'MiB':>7}{'status':>10}{'peak +MiB':>11}{'peak/size':>11}{'CPU ms/MiB':>12}")
-    for name, mib, statuses, peak_mib, ratio, per_mib in rows:
+    print(f"{'case':<20}{'MiB':>7}{'status':>10}{'peak +MiB':>11}{'peak/size':>11}{'CPU ms/MiB':>12}"
+          f"{'CPU ms/req':>12}")
+    for name, mib, statuses, peak_mib, ratio, per_mib, per_request in rows:
         print(f"{name:<20}{mib:>7.1f}{','.join(map(str, statuses)):>10}{peak_mib:>11.1f}{ratio:>10.2f}x"
-              f"{per_mib:>12.1f}")
+              f"{per_mib:>12.1f}{per_request:>12.3f}")
     return 0
 
 

@@ -108,6 +108,11 @@ def main() -> int:
     facts["bounded_fill"] = inner_counts
     facts["bounded_last_again"] = bounded_check(urls[-1])
     facts["bounded_first_again"] = bounded_check(urls[0])
+    # What pkcs1.py cannot judge (not canonical base64) goes to the SDK's check (own_url refuses it
+    # before, when installed; here the memo wraps the bare check).
+    before = counter.verifications
+    odd = bounded(data_types.AuthData(cost="1", endpoint="e", reqnum=1, request_idx=1, signature="!!", url=urls[0]))
+    facts["undecodable"] = [odd, counter.verifications - before]
     # UNSECURED: the SDK's check is called as it is, every time.
     backend.unsecured = True
     facts["unsecured"] = [check(own, "", 70) for _ in range(2)]

@@ -68,7 +68,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
          ("signature_memo", "own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
          "the SDK's per-request signature check: signature_memo accepts a pair it accepted under the same "
-         "key without the RSA step, own_url adds the URL check, pubkey_retry counts failures "
+         "key without the RSA step and refuses one pkcs1.py finds invalid before it, own_url adds the URL "
+         "check, pubkey_retry counts failures "
          "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
          "sessions calls it for /session/*, envelope before the payload is parsed"),
     Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",

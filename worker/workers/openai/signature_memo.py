@@ -16,15 +16,27 @@ neither fill it nor skip a check: a refused signature is checked in full every t
 one side effect of an accepted signature is kept: its Backend.reqnum becomes the highest reqnum seen.
 With UNSECURED=true the SDK's check is called as it is (it accepts everything anyway).
 
-Imports only the standard library; the SDK's points go through sdk_seam.
+A pair it does not know is first verified by pkcs1.py, ~55 us where the SDK's check takes ~0.48 ms: a
+signature that does not verify is refused there, without the SDK's check (and without the SDK's ERROR
+line per forged request, which printed the signature: refusals are logged at the 1st, 10th, 100th ...).
+One that verifies goes to the SDK's check, which decides. So a forged signature costs a tenth of what it
+did, and only the SDK's check ever accepts one.
+
+Imports the standard library and pkcs1.py (pycryptodome); the SDK's points go through sdk_seam.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from workers.openai import sdk_seam
+from workers.openai import guards, pkcs1, sdk_seam
+
+log = logging.getLogger("bakery.guards")
 
 MAX_PAIRS = 16  # one pair per URL the platform signs for this worker (and per key); a handful at most
 
@@ -32,6 +44,26 @@ MAX_PAIRS = 16  # one pair per URL the platform signs for this worker (and per k
 def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
     """`check` (the SDK's signature check on `backend`) with the accepted pairs remembered (see above)."""
     accepted: dict[tuple[str, str], Any] = {}
+    verifiers: dict[int, pkcs1.Verifier] = {}  # by id() of the key, which the verifier holds (kept alive)
+    refused = [0]
+
+    def does_not_verify(key: Any, url: str, signature: str) -> bool:
+        """True when pkcs1.py finds the signature invalid; False when it verifies or cannot be judged
+        here (not an RSA key, not canonical base64): then the SDK's check judges it."""
+        verifier = verifiers.get(id(key))
+        if verifier is None or verifier.key is not key:
+            try:
+                verifier = pkcs1.Verifier(key)
+            except (AttributeError, TypeError, ValueError):
+                return False
+            verifiers.clear()  # the previous key is not used again
+            verifiers[id(key)] = verifier
+        try:
+            raw = base64.b64decode(signature, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        # The SDK's signed message: json.dumps({"url": url}, indent=4, sort_keys=True), UTF-8.
+        return not verifier.verify(json.dumps({"url": url}, indent=4, sort_keys=True).encode(), raw)
 
     def check_signature(auth_data: Any) -> bool:
         key = sdk_seam.get(backend, "pubkey")
@@ -40,6 +72,12 @@ def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
         if keyable and accepted.get((url, signature)) is key:
             sdk_seam.note_accepted_reqnum(backend, auth_data.reqnum)
             return True
+        if keyable and does_not_verify(key, url, signature):
+            refused[0] += 1
+            if guards.now_and_then(refused[0]):
+                log.warning("refused %d request(s) whose signature does not verify under the platform's key",
+                            refused[0])
+            return False
         valid = check(auth_data)
         if keyable and valid is True and sdk_seam.get(backend, "pubkey") is key:
             if len(accepted) >= MAX_PAIRS:
