@@ -233,7 +233,8 @@ def main() -> int:
         launched = gate.launch(client, image, env, "scale", run_options=gate.launch_options(spec))
         try:
             if not launched.ready(180):
-                say("the worker did not report ready in 180 s:\n" + launched.logs()[-2000:])
+                state = "the container exited" if not launched.running() else "180 s passed"
+                say(f"the worker did not report ready ({state}):\n" + launched.logs()[-2000:])
                 return 1
             launched.container.put_archive("/tmp", load_archive())
             url = worker_url(launched)
