@@ -44,20 +44,18 @@ MAX_PAIRS = 16  # one pair per URL the platform signs for this worker (and per k
 def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
     """`check` (the SDK's signature check on `backend`) with the accepted pairs remembered (see above)."""
     accepted: dict[tuple[str, str], Any] = {}
-    verifiers: dict[int, pkcs1.Verifier] = {}  # by id() of the key, which the verifier holds (kept alive)
+    current: list[pkcs1.Verifier | None] = [None]  # the verifier of the key now loaded
     refused = [0]
 
     def does_not_verify(key: Any, url: str, signature: str) -> bool:
         """True when pkcs1.py finds the signature invalid; False when it verifies or cannot be judged
         here (not an RSA key, not canonical base64): then the SDK's check judges it."""
-        verifier = verifiers.get(id(key))
+        verifier = current[0]
         if verifier is None or verifier.key is not key:
             try:
-                verifier = pkcs1.Verifier(key)
+                verifier = current[0] = pkcs1.Verifier(key)
             except (AttributeError, TypeError, ValueError):
                 return False
-            verifiers.clear()  # the previous key is not used again
-            verifiers[id(key)] = verifier
         try:
             raw = base64.b64decode(signature, validate=True)
         except (binascii.Error, ValueError):
