@@ -113,6 +113,22 @@ def main() -> int:
     before = counter.verifications
     odd = bounded(data_types.AuthData(cost="1", endpoint="e", reqnum=1, request_idx=1, signature="!!", url=urls[0]))
     facts["undecodable"] = [odd, counter.verifications - before]
+    # guards.auth_data_maker makes what AuthData.from_json_msg makes (and fails as it fails).
+    from workers.openai import guards
+
+    make = guards.auth_data_maker(data_types.AuthData)
+    full = {"cost": "8", "endpoint": "e", "reqnum": 3, "request_idx": 4, "signature": "s", "url": "u"}
+    shapes = [full, {**full, "extra": [1]}, dict(reversed(list(full.items()))), {**full, "reqnum": "not checked"}]
+    facts["auth_data_same"] = [make(shape) == data_types.AuthData.from_json_msg(shape) for shape in shapes]
+    missing = {k: v for k, v in full.items() if k != "url"}
+    errors = []
+    for build in (make, data_types.AuthData.from_json_msg):
+        try:
+            build(missing)
+            errors.append(None)
+        except Exception as exc:  # noqa: BLE001 - the SDK's JsonDataException is compared
+            errors.append([type(exc).__name__, str(exc)])
+    facts["auth_data_missing"] = errors
     # UNSECURED: the SDK's check is called as it is, every time.
     backend.unsecured = True
     facts["unsecured"] = [check(own, "", 70) for _ in range(2)]

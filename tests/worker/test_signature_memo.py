@@ -57,5 +57,11 @@ def test_the_memo_is_bounded_oldest_out(facts: dict[str, Any]) -> None:
     assert facts["bounded_first_again"] == [True, 1]  # pushed out by the 17th: verified again
 
 
+def test_the_guards_make_the_sdks_auth_data_as_the_sdk_does(facts: dict[str, Any]) -> None:
+    assert facts["auth_data_same"] == [True, True, True, True]
+    made, sdk = facts["auth_data_missing"]
+    assert made == sdk and sdk is not None and sdk[0] == "JsonDataException", facts["auth_data_missing"]
+
+
 def test_unsecured_calls_the_sdks_check_as_it_is(facts: dict[str, Any]) -> None:
     assert [f["valid"] for f in facts["unsecured"]] == [True, True]
