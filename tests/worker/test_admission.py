@@ -13,6 +13,9 @@ import contextlib
 import gzip
 import http.client
 import json
+import os
+import selectors
+import signal
 import socket
 import sys
 import threading
@@ -437,6 +440,46 @@ def test_connections_beyond_the_cap_get_503_and_cannot_starve_an_admitted_stream
     assert max(gaps) < 1.5, gaps
     assert not capped.engine_saw("flooded")
     assert until(lambda: connects(capped.port), 5), "a connection is refused once the others closed"
+
+
+BURST = 400  # new connections at once: over aiohttp's default listen backlog (128)
+
+
+def test_a_burst_of_connections_completes_its_handshakes_while_the_worker_accepts_none(budget: Worker) -> None:
+    """400 connections that arrive while the worker accepts none (stopped, as a loop busy with a burst
+    is) all complete their handshake at once, and each is answered once the worker runs again. With
+    aiohttp's default backlog (128) the kernel dropped the rest, and their clients waited ~1 s for
+    its retry (441 drops at a burst of 1024 streams, bench/serving_bench.py --only scale)."""
+    pid = budget.proc.popen.pid
+    socks: list[socket.socket] = []
+    selector = selectors.DefaultSelector()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for _ in range(BURST):
+            sock = socket.socket()
+            sock.setblocking(False)
+            socks.append(sock)
+            assert sock.connect_ex(("127.0.0.1", budget.port)) in (0, 115), "EINPROGRESS or connected"
+            selector.register(sock, selectors.EVENT_WRITE)
+        connected = 0
+        deadline = time.monotonic() + 0.5  # the kernel's retry of a dropped handshake is 1 s away
+        while connected < BURST and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                selector.unregister(key.fileobj)
+                connected += key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0  # type: ignore[union-attr]
+        assert connected == BURST, f"{connected} of {BURST} handshakes completed while the worker accepted none"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        selector.close()
+    try:
+        for sock in socks:
+            sock.setblocking(True)
+            sock.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        statuses = [status_of(sock, timeout=10) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert all(status == 404 for status in statuses), sorted(set(statuses))
 
 
 def test_refused_connections_that_stay_open_are_dropped_soon(capped: Worker) -> None:

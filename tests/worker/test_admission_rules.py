@@ -93,3 +93,28 @@ def test_a_hard_limit_below_the_need_is_a_warning_naming_the_cap(monkeypatch: py
     warning = admission.raise_fd_limit(2048)
     assert warning is not None and "(2048)" in warning and "BAKERY_MAX_CONNECTIONS=2048" in warning
     assert f"to {(2048 - admission.MAX_LINGERING - admission.SPARE_FDS) // 2} " in warning
+
+
+def test_the_listen_backlog_is_the_cap_and_never_below_the_floor() -> None:
+    assert admission.listen_backlog(8) == admission.MIN_BACKLOG
+    assert admission.listen_backlog(admission.MIN_BACKLOG + 1) == admission.MIN_BACKLOG + 1
+
+
+@pytest.mark.parametrize(("somaxconn", "warned"), [("128\n", True), ("1023", True), ("1024", False), ("4096\n", False)])
+def test_a_kernel_cap_below_the_backlog_is_a_warning_naming_the_sysctl(tmp_path: Any, somaxconn: str,
+                                                                       warned: bool) -> None:
+    path = tmp_path / "somaxconn"
+    path.write_text(somaxconn)
+    warning = admission.backlog_warning(1024, str(path))
+    if not warned:
+        assert warning is None
+        return
+    assert warning is not None
+    assert f"at {int(somaxconn)} (net.core.somaxconn)" in warning
+    assert "--sysctl net.core.somaxconn=1024" in warning
+
+
+def test_an_unreadable_kernel_cap_is_no_warning(tmp_path: Any) -> None:
+    assert admission.backlog_warning(1024, str(tmp_path / "absent")) is None
+    (tmp_path / "garbled").write_text("many")
+    assert admission.backlog_warning(1024, str(tmp_path / "garbled")) is None

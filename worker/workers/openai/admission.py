@@ -45,6 +45,7 @@ import logging
 import resource
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from workers.openai import config, drain, front, sdk_seam
@@ -62,6 +63,13 @@ MAX_LINGERING = 128
 # Descriptors beyond the connections: engine connections come from the count of admitted requests
 # (one each), these are the rest (logs, the report client, the listeners, the engine's pool headroom).
 SPARE_FDS = 64
+# The listen backlog of WORKER_PORT: connections whose handshake completed and that wait for
+# accept(). aiohttp's default, 128, overflowed at a burst of 1024 streams (441 dropped handshakes,
+# each client waiting ~1 s for the kernel's retry); a refusal by the cap must be as quick as an
+# admission, so the backlog is not the cap but at least this. The kernel caps it at
+# net.core.somaxconn (SOMAXCONN_FILE), which a container cannot raise from inside.
+MIN_BACKLOG = 1024
+SOMAXCONN_FILE = "/proc/sys/net/core/somaxconn"
 
 log = logging.getLogger("bakery.admission")
 
@@ -302,6 +310,24 @@ def raise_fd_limit(max_connections: int) -> str | None:
             "container's nofile limit")
 
 
+def listen_backlog(max_connections: int) -> int:
+    """The listen backlog WORKER_PORT asks for: the connection cap, at least MIN_BACKLOG."""
+    return max(max_connections, MIN_BACKLOG)
+
+
+def backlog_warning(wanted: int, somaxconn_file: str = SOMAXCONN_FILE) -> str | None:
+    """A warning when the kernel caps the listen backlog below `wanted` (net.core.somaxconn), else None."""
+    try:
+        cap = int(Path(somaxconn_file).read_text().strip())
+    except (OSError, ValueError):
+        return None  # not Linux, or not readable: nothing known to warn about
+    if cap >= wanted:
+        return None
+    return (f"the kernel caps WORKER_PORT's listen backlog at {cap} (net.core.somaxconn), below the {wanted} "
+            f"asked for: a burst of more than {cap} new connections at once waits ~1 s for the kernel's "
+            f"retry; raise it with `docker run --sysctl net.core.somaxconn={wanted}`")
+
+
 def reconcile(limits: Any, env: Mapping[str, str]) -> tuple[Any, list[str]]:
     """The byte bound against the body limit: (limits, error lines). Unset, it is at least two bodies
     of the body limit (one large body must not lock every other out); set below one body, no body of
@@ -316,8 +342,9 @@ def reconcile(limits: Any, env: Mapping[str, str]) -> tuple[Any, list[str]]:
 
 
 def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
-    """Add admission to the guards' Context `ctx`: the middleware at `rank`, the connection cap on
-    every listener but the SDK's loopback one (ctx.http_port), and no request decompression."""
+    """Add admission to the guards' Context `ctx`: the middleware at `rank`, the connection cap and
+    the listen backlog on every listener but the SDK's loopback one (ctx.http_port), and no request
+    decompression."""
     limits = ctx.limits
     budget = Budget(limits.max_buffered_bytes)
     connections = Connections(limits.max_connections, limits.retry_after)
@@ -330,7 +357,8 @@ def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
         return sdk_seam.FactoryRunner(runner, connections.factory)
 
     ctx.site_runners.append(site_runner)
-    warning = raise_fd_limit(limits.max_connections)
-    if warning:
-        log.warning("%s", warning)
+    ctx.listen_backlog = listen_backlog(limits.max_connections)
+    for warning in (raise_fd_limit(limits.max_connections), backlog_warning(ctx.listen_backlog)):
+        if warning:
+            log.warning("%s", warning)
     return budget, connections

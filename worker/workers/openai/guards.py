@@ -188,6 +188,7 @@ class Context:
     handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> the SDK's EndpointHandler
     # wrap(runner, port) -> the runner a listener on `port` is made on (admission's connection cap)
     site_runners: list[Callable[[Any, int | None], Any]] = field(default_factory=list)
+    listen_backlog: int = 0  # every listener's but http_port's (admission.listen_backlog); 0: aiohttp's
 
 
 _OUTCOME = front.OUTCOME  # the engine call's timeout, for the limits_engine middleware's 504

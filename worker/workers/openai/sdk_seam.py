@@ -288,7 +288,7 @@ class WebShim:
     """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
     AppRunner and TCPSite also get what `parts` holds (the guards' Context: middlewares with their
     ranks, app and runner arguments, startup hooks, a listener's host by port, the runner a site
-    listens through)."""
+    listens through, the listen backlog)."""
 
     def __init__(self, real: Any, parts: Any):
         self._real = real
@@ -316,6 +316,9 @@ class WebShim:
             kwargs["host"] = host
         for wrap in getattr(self._parts, "site_runners", ()):  # admission's connection cap
             runner = wrap(runner, kwargs.get("port"))
+        backlog = getattr(self._parts, "listen_backlog", 0)
+        if backlog and kwargs.get("port") != getattr(self._parts, "http_port", None):
+            kwargs.setdefault("backlog", backlog)
         return self._real.TCPSite(runner, *args, **kwargs)
 
 
