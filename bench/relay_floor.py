@@ -3,17 +3,19 @@
 
     python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120]
 
-One run, three sides per round, the order rotating: N streamed completions at once from the vLLM
+One run, four sides per round, the order rotating: N streamed completions at once from the vLLM
 stand-in (20 ms per token, 64 tokens, as serving_bench.py's `scale` part), (1) straight to the
 engine, (2) through `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll,
-one recv and one send per arrival, no parsing: the least any forwarder can do), and (3) through the
-worker (`UNSECURED=true`, the lean worker venv). For the relay and the worker: CPU time (utime and
-stime from /proc, every process of the tree) per streamed event. The relay's figure is what this
-machine's kernel and one event loop cost per forwarded event; a target below it cannot be met by
-any design that forwards each event as it arrives. After each round's streams, N non-streamed
-one-token requests at once go through the relay and through the worker: CPU per request, the floor
-under target 2's per-request part (the relay opens one engine connection per client connection, as
-the load opens one client connection per request). Nothing is asserted; it reports.
+one recv and one send per arrival, no parsing: the least any forwarder can do), (3) through
+bench/lean_proxy.py, the leanest honest aiohttp.web proxy (issue 24's reference: what aiohttp.web
+alone costs here), and (4) through the worker (`UNSECURED=true`, the lean worker venv). For each
+forwarder: CPU time (utime and stime from /proc, every process of the tree) per streamed event.
+The relay's figure is what this machine's kernel and one event loop cost per forwarded event; a
+target below it cannot be met by any design that forwards each event as it arrives. After each
+round's streams, N non-streamed one-token requests at once go through each forwarder: CPU per
+request, the floor under target 2's per-request part (the relay opens one engine connection per
+client connection, as the load opens one client connection per request). Nothing is asserted; it
+reports.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from serving_bench import (  # noqa: E402
 from bakery.host import downloads  # noqa: E402
 from tests.worker.helpers import Harness  # noqa: E402
 
-SIDES = ("direct", "relay", "worker")
+SIDES = ("direct", "relay", "lean", "worker")
 
 
 def build_relay(tmp: Path) -> Path:
@@ -96,16 +98,21 @@ def main() -> int:
             # Bounded: the relay exits by itself 60 s after its last connection closed.
             relay = subprocess.Popen([str(relay_bin), str(relay_port), str(engine.port), "60"],
                                      stdout=subprocess.PIPE, text=True)
+            lean_port = free_port()
+            lean = subprocess.Popen([str(worker_python), str(BENCH / "lean_proxy.py"), str(lean_port),
+                                     str(engine.port)], stdout=subprocess.PIPE, text=True)
             try:
                 say(relay.stdout.readline().strip() if relay.stdout else "relay started")
+                say(lean.stdout.readline().strip() if lean.stdout else "lean proxy started")
                 idx = 1
                 for i in range(args.runs):
-                    order = SIDES[i % 3:] + SIDES[:i % 3]
+                    order = SIDES[i % len(SIDES):] + SIDES[:i % len(SIDES)]
                     say(f"{args.streams} streams, round {i + 1} of {args.runs} (order {', '.join(order)})")
                     for side in order:
                         idle = cpu_idle()
-                        port = {"direct": engine.port, "relay": relay_port, "worker": served.port}[side]
-                        pid = {"relay": relay.pid, "worker": served.worker.popen.pid}.get(side)
+                        port = {"direct": engine.port, "relay": relay_port, "lean": lean_port,
+                                "worker": served.port}[side]
+                        pid = {"relay": relay.pid, "lean": lean.pid, "worker": served.worker.popen.pid}.get(side)
                         watch = Watch(pid) if pid else None
                         result = streamload(port, args.streams, payload, args.scale_timeout,
                                             idx if side == "worker" else None)
@@ -127,8 +134,8 @@ def main() -> int:
                     for side in order:
                         if side == "direct":
                             continue
-                        port = {"relay": relay_port, "worker": served.port}[side]
-                        pid = relay.pid if side == "relay" else served.worker.popen.pid
+                        port = {"relay": relay_port, "lean": lean_port, "worker": served.port}[side]
+                        pid = {"relay": relay.pid, "lean": lean.pid, "worker": served.worker.popen.pid}[side]
                         idle = cpu_idle()
                         watch = Watch(pid)
                         result = streamload(port, args.streams, single, args.scale_timeout,
@@ -144,8 +151,9 @@ def main() -> int:
                                      f" = {ms:.3f} ms/request")
                         say(line)
             finally:
-                relay.terminate()
-                relay.wait(timeout=10)
+                for process in (relay, lean):
+                    process.terminate()
+                    process.wait(timeout=10)
     say(f"medians over {args.runs} round(s), {args.streams} streams x 64 tokens at 20 ms/token:")
     for side in SIDES:
         rate = f"events/s {_num(p50(eps[side]) if eps[side] else None)}"
@@ -164,6 +172,11 @@ def main() -> int:
         floor, ours = p50(per_request["relay"]), p50(per_request["worker"])
         say(f"  per request, worker / floor: {ours / floor:.2f}x; the floor against the 0.3 ms target: "
             f"{floor / 0.3:.2f}x")
+    if per_request["lean"] and per_request["worker"] and per_event["lean"]["all"] and per_event["worker"]["all"]:
+        lean_request, lean_event = p50(per_request["lean"]), p50(per_event["lean"]["all"])
+        say(f"  against aiohttp.web alone (lean proxy): per request {lean_request:.3f} ms, worker "
+            f"{p50(per_request['worker']) / lean_request:.2f}x, the 0.3 ms target {lean_request / 0.3:.2f}x "
+            f"of it; per event {lean_event:.1f} us, worker {p50(per_event['worker']['all']) / lean_event:.2f}x")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""core.cache_signature(): inspect.signature() of the SDK's AuthData becomes a lookup, nothing else changes.
+"""core.cache_signature(): inspect.signature() of the SDK's AuthData becomes a lookup asked for once
+per envelope, nothing else changes.
 
 vastai 1.9.1's `AuthData.from_json_msg` computes `inspect.signature(cls)` 7 times per request. The
 worker states the signature once through `__signature__` (PEP 362). These tests prove that what
@@ -89,6 +90,29 @@ def test_a_changed_sdk_is_reported_and_untouched(module: types.SimpleNamespace, 
     assert "__signature__" not in module.Envelope.__dict__
 
 
+def test_from_json_msg_is_replaced_once_and_only_with_the_modules_error(module: types.SimpleNamespace) -> None:
+    class Refused(Exception):
+        pass
+
+    def parse(cls: type, json_msg: dict) -> object:
+        return cls(**json_msg)
+
+    module.Envelope.from_json_msg = classmethod(parse)
+    assert core.cache_signature("fake_sdk.data_types", "Envelope") is True
+    assert module.Envelope.__dict__["from_json_msg"].__func__ is parse  # no JsonDataException: untouched
+    module.JsonDataException = Refused
+    assert core.cache_signature("fake_sdk.data_types", "Envelope") is True
+    replaced = module.Envelope.__dict__["from_json_msg"]
+    assert replaced.__func__ is not parse
+    assert core.cache_signature("fake_sdk.data_types", "Envelope") is True
+    assert module.Envelope.__dict__["from_json_msg"] is replaced  # twice is once
+    made = module.Envelope.from_json_msg({"url": "/v1/completions", "cost": "8", "reqnum": 1, "other": 2})
+    assert made == module.Envelope(cost="8", reqnum=1, url="/v1/completions")
+    with pytest.raises(Refused) as refused:
+        module.Envelope.from_json_msg({"cost": "8"})
+    assert refused.value.args == ({"reqnum": "missing parameter", "url": "missing parameter"},)
+
+
 def test_the_default_is_the_sdks_auth_data() -> None:
     assert core.SDK_AUTH_DATA == ("vastai.serverless.server.lib.data_types", "AuthData")
 
@@ -101,23 +125,37 @@ REAL_SDK = textwrap.dedent("""
     from workers.openai import core
 
     FULL = {"cost": "8", "endpoint": "e", "reqnum": 3, "request_idx": 3, "signature": "s", "url": "/v1/completions"}
-    CASES = [FULL, {**FULL, "extra": 1}, {k: v for k, v in FULL.items() if k != "url"}, {"cost": "8"}, {}]
+    CASES = [FULL, {**FULL, "extra": 1}, {k: v for k, v in FULL.items() if k != "url"}, {"cost": "8"}, {},
+             {"extra": 1, **FULL}, list(FULL), "cost endpoint reqnum request_idx signature url"]
+    real_signature, asked = inspect.signature, [0]
+
+    def counted(obj, *args, **kwargs):
+        asked[0] += 1
+        return real_signature(obj, *args, **kwargs)
+
+    inspect.signature = counted
 
     def outcomes():
         out = []
         for case in CASES:
             try:
-                out.append(["ok", repr(AuthData.from_json_msg(dict(case)))])
+                made = AuthData.from_json_msg(case if isinstance(case, str) else type(case)(case))
+                out.append(["ok", repr(made), list(vars(made))])
             except JsonDataException as exc:
                 out.append(["refused", exc.message])
+            except Exception as exc:  # the same crash, where the SDK crashed
+                out.append(["crash", type(exc).__name__, str(exc)])
         return out
 
-    before, computed = outcomes(), inspect.signature(AuthData)
+    before, calls_before = outcomes(), asked[0]
+    computed = real_signature(AuthData)
     cached = core.cache_signature()
-    after = outcomes()
+    asked[0] = 0
+    after, calls_after = outcomes(), asked[0]
     print(json.dumps({"cached": cached, "before": before, "after": after,
-                      "same_signature": inspect.signature(AuthData) == computed,
-                      "lookup": inspect.signature(AuthData) is inspect.signature(AuthData)}))
+                      "calls": [calls_before, calls_after],
+                      "same_signature": real_signature(AuthData) == computed,
+                      "lookup": real_signature(AuthData) is real_signature(AuthData)}))
 """)
 
 
@@ -130,5 +168,9 @@ def test_real_sdk_auth_data(worker_python: Path) -> None:
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["cached"] is True
     assert got["after"] == got["before"]
-    assert [kind for kind, _ in got["after"]] == ["ok", "ok", "refused", "refused", "refused"]
+    assert [kind for kind, *_ in got["after"]] == ["ok", "ok", "refused", "refused", "refused", "ok", "crash",
+                                                   "crash"]
+    # the SDK asks for the signature once, then once per key of an envelope it accepts (7 or 8 here);
+    # now once per envelope
+    assert got["calls"] == [7 + 8 + 1 + 1 + 1 + 8 + 1 + 1, len(got["before"])], got["calls"]
     assert got["same_signature"] is True and got["lookup"] is True

@@ -223,6 +223,7 @@ def _install_own_url(ctx: Context, web: Any) -> None:
     original = _hook(backend, "check_signature", "own_url")
     _hook(backend, "pubkey", "own_url")
     refused, misshapen = [0], [0]
+    sized: list[Any] = [None, 0]  # (key, its size in bytes): pycryptodome recomputes it from the modulus
 
     def check_signature(auth_data: Any) -> bool:
         if not backend.unsecured and auth_data.url != own:
@@ -233,7 +234,9 @@ def _install_own_url(ctx: Context, web: Any) -> None:
             return False
         key = sdk_seam.get(backend, "pubkey")
         if not backend.unsecured and key is not None:
-            problem = front.signature_error(str(auth_data.signature), key.size_in_bytes())
+            if sized[0] is not key:
+                sized[:] = [key, key.size_in_bytes()]
+            problem = front.signature_error(str(auth_data.signature), sized[1])
             if problem:  # refused here, so the SDK never logs it raw (`Signature error ... sig:`)
                 misshapen[0] += 1
                 if now_and_then(misshapen[0]):

@@ -142,8 +142,12 @@ HOOKS: tuple[Hook, ...] = (
     Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
          "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
          required=False),
-    Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "read", ("core",),
-         "its from_json_msg computes inspect.signature 7 times per request: given a __signature__",
+    Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "set", ("core",),
+         "its from_json_msg computes inspect.signature 7 times per request: given a __signature__ and a "
+         "from_json_msg with the same rules that asks for it once",
+         required=False),
+    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core",),
+         "what AuthData.from_json_msg raises for missing fields (the SDK answers it with a 422)",
          required=False),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
     *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""The leanest honest aiohttp proxy: what aiohttp.web itself costs per request and per event.
+
+    <worker venv>/bin/python bench/lean_proxy.py PORT ENGINE_PORT
+
+Issue 24's reference: it unwraps the platform's envelope (`payload`, when the body has one), posts it
+to the engine on one pooled client session, and streams the answer back with `iter_any()` ->
+`write()`; nothing else (no signature, no limits, no accounting). bench/relay_floor.py runs it as a
+side beside the C relay and the worker, so the worker's CPU is read against what aiohttp.web alone
+costs on this machine. Loopback only; prints one line once it listens. Not part of the product.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from aiohttp import ClientSession, TCPConnector, web
+
+
+async def session_on(app: web.Application) -> None:
+    app["engine"] = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=4.0))
+
+
+async def session_off(app: web.Application) -> None:
+    await app["engine"].close()
+
+
+def proxy(engine_port: int) -> web.Application:
+    """The app: every POST is unwrapped and sent to the engine's same path."""
+    base = f"http://127.0.0.1:{engine_port}"
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        data = json.loads(await request.read())
+        body = data["payload"] if isinstance(data, dict) and "payload" in data else data
+        async with request.app["engine"].post(base + request.path, json=body) as answer:
+            if "text/event-stream" not in answer.content_type:
+                return web.Response(body=await answer.read(), status=answer.status,
+                                    content_type=answer.content_type)
+            res = web.StreamResponse(status=answer.status)
+            res.content_type = answer.content_type
+            await res.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await res.write(chunk)
+            await res.write_eof()
+            return res
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", forward)
+    app.on_startup.append(session_on)
+    app.on_cleanup.append(session_off)
+    return app
+
+
+def main() -> int:
+    if len(sys.argv) != 3:
+        print("usage: lean_proxy.py PORT ENGINE_PORT", file=sys.stderr)
+        return 2
+    port, engine_port = int(sys.argv[1]), int(sys.argv[2])
+    web.run_app(proxy(engine_port), host="127.0.0.1", port=port, backlog=4096, access_log=None,
+                print=lambda _: print(f"lean_proxy: listening on 127.0.0.1:{port}", flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
