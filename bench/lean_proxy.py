@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """The leanest honest aiohttp proxy: what aiohttp.web itself costs per request and per event.
 
-    <worker venv>/bin/python bench/lean_proxy.py PORT ENGINE_PORT
+    <worker venv>/bin/python bench/lean_proxy.py PORT ENGINE_PORT [PROCESSES]
 
 Issue 24's reference: it unwraps the platform's envelope (`payload`, when the body has one), posts it
 to the engine on one pooled client session, and streams the answer back with `iter_any()` ->
 `write()`; nothing else (no signature, no limits, no accounting). bench/relay_floor.py runs it as a
 side beside the C relay and the worker, so the worker's CPU is read against what aiohttp.web alone
-costs on this machine. Loopback only; prints one line once it listens. Not part of the product.
+costs on this machine. PROCESSES > 1 (default 1) forks that many copies that all listen on PORT
+(SO_REUSEPORT: the kernel spreads the connections over them), to measure what a second core buys a
+forwarder here before the worker is split; the first process stops the others when it is stopped.
+Loopback only; prints one line once it listens. Not part of the product.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
 from aiohttp import ClientSession, TCPConnector, web
@@ -53,12 +58,41 @@ def proxy(engine_port: int) -> web.Application:
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
-        print("usage: lean_proxy.py PORT ENGINE_PORT", file=sys.stderr)
+    if len(sys.argv) not in (3, 4):
+        print("usage: lean_proxy.py PORT ENGINE_PORT [PROCESSES]", file=sys.stderr)
         return 2
     port, engine_port = int(sys.argv[1]), int(sys.argv[2])
-    web.run_app(proxy(engine_port), host="127.0.0.1", port=port, backlog=4096, access_log=None,
-                print=lambda _: print(f"lean_proxy: listening on 127.0.0.1:{port}", flush=True))
+    processes = int(sys.argv[3]) if len(sys.argv) == 4 else 1
+    if processes < 1:
+        print("lean_proxy: PROCESSES must be 1 or more", file=sys.stderr)
+        return 2
+    # Forked before any loop or socket exists, so every copy starts clean. Each child says on a pipe
+    # when it listens; the first process announces itself only once all of them do, so the bench's
+    # first connections are spread over every copy.
+    ready_r, ready_w = os.pipe()
+    children: list[int] = []
+    for _ in range(processes - 1):
+        pid = os.fork()
+        if pid == 0:  # a child: its own server, no announcement, no children of its own
+            os.close(ready_r)
+            web.run_app(proxy(engine_port), host="127.0.0.1", port=port, backlog=4096, access_log=None,
+                        reuse_port=True, print=lambda _: os.write(ready_w, b"."))
+            return 0
+        children.append(pid)
+    os.close(ready_w)
+
+    def announce(_: str) -> None:
+        for _ in children:
+            os.read(ready_r, 1)
+        print(f"lean_proxy: listening on 127.0.0.1:{port} ({processes} process(es))", flush=True)
+
+    try:
+        web.run_app(proxy(engine_port), host="127.0.0.1", port=port, backlog=4096, access_log=None,
+                    reuse_port=processes > 1, print=announce)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
     return 0
 
 

@@ -22,6 +22,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "floor_listen.h"
+
 #define MAX_FDS 65536
 #define CHUNK 65536
 
@@ -66,18 +68,9 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_term);
     for (int i = 0; i < MAX_FDS; i++) peer[i] = -1;
 
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)listen_port)};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 4096) < 0) {
-        perror("relay_floor: bind/listen");
-        return 1;
-    }
-    int epfd = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = lfd};
-    epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev);
+    int epfd, one = 1;
+    int lfd = floor_listen(listen_port, 0, &epfd, "relay_floor: bind/listen");
+    if (lfd < 0) return 1;
     printf("relay_floor: listening on 127.0.0.1:%d -> 127.0.0.1:%d\n", listen_port, upstream_port);
     fflush(stdout);
 

@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
 """The floor under the worker's CPU per streamed event (issue 24, target 2: <= 15 us per event).
 
-    python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120]
+    python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120] [--engine standin|c]
 
 One run, four sides per round, the order rotating: N streamed completions at once from the vLLM
 stand-in (20 ms per token, 64 tokens, as serving_bench.py's `scale` part), (1) straight to the
 engine, (2) through `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll,
 one recv and one send per arrival, no parsing: the least any forwarder can do), (3) through
 bench/lean_proxy.py, the leanest honest aiohttp.web proxy (issue 24's reference: what aiohttp.web
-alone costs here), and (4) through the worker (`UNSECURED=true`, the lean worker venv). For each
-forwarder: CPU time (utime and stime from /proc, every process of the tree) per streamed event.
+alone costs here), (4) through the same proxy in two processes on one port (SO_REUSEPORT: what a
+second core buys a forwarder on this machine, where the engine and the load share the same two
+cores), and (5) through the worker (`UNSECURED=true`, the lean worker venv). For each
+forwarder: CPU time (utime and stime from /proc, every process of the tree) per streamed event, and
+the first token's p50 and p95 added to the direct side's of the same round (the burst's queue: every
+stream is sent in the same millisecond).
+
+`--engine c` replaces the stand-in with bench/engine_floor.c, compiled here: the same answers at the
+same pace from one epoll loop in C. The Python stand-in takes most of the two cores by itself at
+256 streams (straight to it, ~9.7k of the 12.8k events/s the load asks for), so there every
+millisecond of forwarder CPU is taken from the engine; with the C engine the cores are left to the
+forwarder, as a GPU engine leaves them, and the first token added is the forwarder's own queue.
 The relay's figure is what this machine's kernel and one event loop cost per forwarded event; a
 target below it cannot be met by any design that forwards each event as it arrives. After each
 round's streams, N non-streamed one-token requests at once go through each forwarder: CPU per
@@ -22,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,6 +41,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+from c_parts import build_c, engine_floor  # noqa: E402
 from serving_bench import (  # noqa: E402
     MODEL,
     SCALE_STANDIN,
@@ -49,17 +59,18 @@ from serving_bench import (  # noqa: E402
 from bakery.host import downloads  # noqa: E402
 from tests.worker.helpers import Harness  # noqa: E402
 
-SIDES = ("direct", "relay", "lean", "worker")
+SIDES = ("direct", "relay", "lean", "lean2", "worker")
 
 
-def build_relay(tmp: Path) -> Path:
-    """Compile bench/relay_floor.c with the host's C compiler; the binary's path."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("relay_floor: no C compiler (cc/gcc) on this host: install gcc")
-    binary = tmp / "relay_floor"
-    subprocess.run([compiler, "-O2", "-Wall", "-o", str(binary), str(BENCH / "relay_floor.c")], check=True)
-    return binary
+def _added(side: str, ttft: dict[str, tuple[float | None, float | None]],
+           added: dict[str, dict[str, list[float]]]) -> str:
+    """One side's first token p50/p95 minus the direct side's of the same round, kept in `added`."""
+    (mine50, mine95), (base50, base95) = ttft.get(side, (None, None)), ttft.get("direct", (None, None))
+    if None in (mine50, mine95, base50, base95):
+        return f"{side} -"
+    added[side]["p50"].append(mine50 - base50)
+    added[side]["p95"].append(mine95 - base95)
+    return f"{side} {mine50 - base50:+.1f} / {mine95 - base95:+.1f} ms"
 
 
 def free_port() -> int:
@@ -73,6 +84,8 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scale-timeout", type=float, default=120.0)
+    parser.add_argument("--engine", choices=("standin", "c"), default="standin",
+                        help="the vLLM stand-in (Python), or bench/engine_floor.c (leaves the cores to the forwarders)")
     args = parser.parse_args()
     if args.streams < 1 or args.runs < 1:
         print("relay_floor: --streams and --runs must be positive", file=sys.stderr)
@@ -86,11 +99,14 @@ def main() -> int:
     per_request: dict[str, list[float]] = {s: [] for s in SIDES[1:]}
     per_event: dict[str, dict[str, list[float]]] = {s: {"all": [], "user": [], "system": []} for s in SIDES[1:]}
     eps: dict[str, list[float]] = {s: [] for s in SIDES}
+    added: dict[str, dict[str, list[float]]] = {s: {"p50": [], "p95": []} for s in SIDES[1:]}
     with (tempfile.TemporaryDirectory(prefix="bk-relay-floor-") as root,
           Harness(Path(root), worker_python, pubkey) as harness):
         tmp = Path(root)
-        relay_bin = build_relay(tmp)
-        engine = harness.standin("vllm", **SCALE_STANDIN)
+        relay_bin = build_c(tmp, "relay_floor")
+        # 64 tokens at 20 ms either way (SCALE_STANDIN).
+        engine = engine_floor(harness, tmp, MODEL) if args.engine == "c" else harness.standin("vllm", **SCALE_STANDIN)
+        say(f"engine: {'bench/engine_floor.c' if args.engine == 'c' else 'the vLLM stand-in'} on port {engine.port}")
         (tmp / "worker").mkdir()
         with Harness(tmp / "worker", worker_python, pubkey) as per_worker:
             served = per_worker.serve("vllm", engine, MODEL_NAME=MODEL)
@@ -101,21 +117,27 @@ def main() -> int:
             lean_port = free_port()
             lean = subprocess.Popen([str(worker_python), str(BENCH / "lean_proxy.py"), str(lean_port),
                                      str(engine.port)], stdout=subprocess.PIPE, text=True)
+            lean2_port = free_port()
+            lean2 = subprocess.Popen([str(worker_python), str(BENCH / "lean_proxy.py"), str(lean2_port),
+                                      str(engine.port), "2"], stdout=subprocess.PIPE, text=True)
+            ports = {"direct": engine.port, "relay": relay_port, "lean": lean_port, "lean2": lean2_port,
+                     "worker": served.port}
+            pids = {"relay": relay.pid, "lean": lean.pid, "lean2": lean2.pid, "worker": served.worker.popen.pid}
             try:
-                say(relay.stdout.readline().strip() if relay.stdout else "relay started")
-                say(lean.stdout.readline().strip() if lean.stdout else "lean proxy started")
+                for process in (relay, lean, lean2):
+                    say(process.stdout.readline().strip() if process.stdout else f"{process.args[0]} started")
                 idx = 1
                 for i in range(args.runs):
                     order = SIDES[i % len(SIDES):] + SIDES[:i % len(SIDES)]
                     say(f"{args.streams} streams, round {i + 1} of {args.runs} (order {', '.join(order)})")
+                    ttft: dict[str, tuple[float | None, float | None]] = {}
                     for side in order:
                         idle = cpu_idle()
-                        port = {"direct": engine.port, "relay": relay_port, "lean": lean_port,
-                                "worker": served.port}[side]
-                        pid = {"relay": relay.pid, "lean": lean.pid, "worker": served.worker.popen.pid}.get(side)
+                        pid = pids.get(side)
                         watch = Watch(pid) if pid else None
-                        result = streamload(port, args.streams, payload, args.scale_timeout,
+                        result = streamload(ports[side], args.streams, payload, args.scale_timeout,
                                             idx if side == "worker" else None)
+                        ttft[side] = (result.get("ttft_p50_ms"), result.get("ttft_p95_ms"))
                         if side == "worker":
                             idx += args.streams
                         line = (f"  {side}: idle before {idle:.0%}; {_outcome(result)}; {result['events']} events, "
@@ -131,14 +153,14 @@ def main() -> int:
                                 line += (f"; CPU {watch.cpu:.2f} s (user {watch.user:.2f}, system {watch.system:.2f})"
                                          f" = {watch.cpu / n * 1e6:.1f} us/event")
                         say(line)
+                    say("  first token added to direct's, p50 / p95: " + "; ".join(
+                        _added(side, ttft, added) for side in SIDES[1:]))
                     for side in order:
                         if side == "direct":
                             continue
-                        port = {"relay": relay_port, "lean": lean_port, "worker": served.port}[side]
-                        pid = {"relay": relay.pid, "lean": lean.pid, "worker": served.worker.popen.pid}[side]
                         idle = cpu_idle()
-                        watch = Watch(pid)
-                        result = streamload(port, args.streams, single, args.scale_timeout,
+                        watch = Watch(pids[side])
+                        result = streamload(ports[side], args.streams, single, args.scale_timeout,
                                             idx if side == "worker" else None)
                         watch.stop()
                         if side == "worker":
@@ -151,7 +173,7 @@ def main() -> int:
                                      f" = {ms:.3f} ms/request")
                         say(line)
             finally:
-                for process in (relay, lean):
+                for process in (relay, lean, lean2):
                     process.terminate()
                     process.wait(timeout=10)
     say(f"medians over {args.runs} round(s), {args.streams} streams x 64 tokens at 20 ms/token:")
@@ -164,7 +186,9 @@ def main() -> int:
         say(f"  {side}: {rate}; CPU per event {_num(p50(cpu['all']) if cpu['all'] else None)} us (user "
             f"{_num(p50(cpu['user']) if cpu['user'] else None)}, system "
             f"{_num(p50(cpu['system']) if cpu['system'] else None)}); CPU per request "
-            f"{_num(p50(per_request[side]) if per_request[side] else None, '.3f')} ms")
+            f"{_num(p50(per_request[side]) if per_request[side] else None, '.3f')} ms; first token added "
+            f"p50 {_num(p50(added[side]['p50']) if added[side]['p50'] else None, '+.1f')} ms, p95 "
+            f"{_num(p50(added[side]['p95']) if added[side]['p95'] else None, '+.1f')} ms")
     if per_event["relay"]["all"] and per_event["worker"]["all"]:
         floor, ours = p50(per_event["relay"]["all"]), p50(per_event["worker"]["all"])
         say(f"  worker / floor: {ours / floor:.2f}x; the floor against the 15 us target: {floor / 15:.2f}x")
@@ -177,6 +201,13 @@ def main() -> int:
         say(f"  against aiohttp.web alone (lean proxy): per request {lean_request:.3f} ms, worker "
             f"{p50(per_request['worker']) / lean_request:.2f}x, the 0.3 ms target {lean_request / 0.3:.2f}x "
             f"of it; per event {lean_event:.1f} us, worker {p50(per_event['worker']['all']) / lean_event:.2f}x")
+    if all(eps[s] and added[s]["p50"] and per_event[s]["all"] and per_request[s] for s in ("lean", "lean2")):
+        say(f"  a second process (lean proxy, 1 -> 2 processes on one port): events/s "
+            f"{p50(eps['lean2']) / p50(eps['lean']):.2f}x; first token added p50 "
+            f"{p50(added['lean']['p50']):+.1f} -> {p50(added['lean2']['p50']):+.1f} ms, p95 "
+            f"{p50(added['lean']['p95']):+.1f} -> {p50(added['lean2']['p95']):+.1f} ms; CPU per event "
+            f"{p50(per_event['lean']['all']):.1f} -> {p50(per_event['lean2']['all']):.1f} us, per request "
+            f"{p50(per_request['lean']):.3f} -> {p50(per_request['lean2']):.3f} ms")
     return 0
 
 

@@ -2,7 +2,7 @@
 """Serving under real traffic (issue 14): what users of the worker on :3000 feel, measured on this host.
 
     python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20] [--streams 256,1024]
-                                   [--scale-timeout 120]
+                                   [--scale-timeout 120] [--scale-engine standin|c]
 
 PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable, scale.
 
@@ -34,6 +34,10 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   (max_tokens 1) through the worker: its CPU per request. Medians over the rounds. Errors (a refused
   or cut stream, --scale-timeout reached) are counted and named, never raised. RLIMIT_NOFILE's soft
   limit is raised to the hard one for the bench and all it starts, so that 1024 streams can open.
+  `--scale-engine c` answers from bench/engine_floor.c instead of the stand-in (same answers, same
+  pace): the Python stand-in takes most of this machine's two cores by itself at 256 streams, so the
+  worker's CPU is taken from the engine and hides in its slowness; the C engine leaves the cores to
+  the worker, as a GPU engine does, and shows the worker's own cost.
 
 Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
 once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
@@ -60,6 +64,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from c_parts import engine_floor  # noqa: E402
 
 from bakery.host import downloads  # noqa: E402
 from tests.worker.helpers import SDK_READY, Engine, Harness, Served  # noqa: E402
@@ -585,10 +591,13 @@ def requests_round(pid: int, load: Callable[[], dict],
     return result, ms, idle, watch
 
 
-def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str) -> None:
+def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str,
+               engine_kind: str = "standin") -> None:
     """N streams at once, direct and through the worker (see the module docstring, "scale")."""
     with Harness(tmp, worker_python, pubkey) as harness:
-        engine = harness.standin("vllm", **SCALE_STANDIN)
+        # 64 tokens at 20 ms per token from either engine.
+        engine = engine_floor(harness, tmp, MODEL) if engine_kind == "c" else harness.standin("vllm", **SCALE_STANDIN)
+        say(f"  engine: {'bench/engine_floor.c' if engine_kind == 'c' else 'the vLLM stand-in'}")
         payload = {"model": MODEL, "prompt": "scale", "stream": True}
         single = {"model": MODEL, "prompt": "scale", "stream": False, "max_tokens": 1}
         for n in counts:
@@ -604,7 +613,7 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
                  single: dict) -> None:
     """The rounds of one N against `engine`, direct and through `served`."""
     worker_pid = served.worker.popen.pid  # start_server.sh execs python: the tree is usually this pid
-    say(f"  {n} streams: stand-in 20 ms per token, 64 tokens; a fresh worker, its processes "
+    say(f"  {n} streams: 20 ms per token, 64 tokens; a fresh worker, its processes "
         f"{process_tree(worker_pid)}")
     idx = 1
     rows: dict[str, list[float]] = {key: [] for key in (
@@ -688,6 +697,8 @@ def main() -> int:
     parser.add_argument("--streams", default="256,1024", help="scale: the stream counts, comma-separated")
     parser.add_argument("--scale-timeout", type=float, default=120.0,
                         help="scale: a load round stops after this many seconds (bench/streamload.py --timeout)")
+    parser.add_argument("--scale-engine", choices=("standin", "c"), default="standin",
+                        help="scale: the vLLM stand-in, or bench/engine_floor.c (leaves the cores to the worker)")
     parser.add_argument("--worker-python", default=None,
                         help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
@@ -729,7 +740,8 @@ def main() -> int:
             elif part == "routable":
                 part_routable(runs, worker_python, routable_engines)
             elif part == "scale":
-                part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey)
+                part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey,
+                           args.scale_engine)
             elif part in ("drain", "report"):
                 part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
                            report="report" in parts)
