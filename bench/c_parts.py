@@ -16,13 +16,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 
 
-def build_c(tmp: Path, name: str) -> Path:
-    """Compile bench/`name`.c into `tmp` with the host's C compiler; the binary's path."""
+def build_c(tmp: Path, name: str, static: bool = False) -> Path:
+    """Compile bench/`name`.c into `tmp` with the host's C compiler; the binary's path. `static` links
+    it statically, to run inside an image whatever its C library."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise SystemExit(f"bench: no C compiler (cc/gcc) on this host to build bench/{name}.c: install gcc")
     binary = tmp / name
-    subprocess.run([compiler, "-O2", "-Wall", "-o", str(binary), str(BENCH / f"{name}.c")], check=True)
+    subprocess.run([compiler, "-O2", "-Wall", *(["-static"] if static else []), "-o", str(binary),
+                    str(BENCH / f"{name}.c")], check=True)
     return binary
 
 

@@ -2,6 +2,7 @@
 """The worker at GPU concurrency through an image's port 3000 (issue 24), measured on this host.
 
     python3 bench/scale_image.py [--engine sglang] [--streams 256,1024] [--runs 3] [--scale-timeout 120]
+                                 [--c-engine]
 
 serving_bench.py's `scale` part measures the worker on the host (UNSECURED=true). This one measures it
 as it ships: the engine's image, built on its local base (the SGLang image: its stand-in engine at 20 ms
@@ -21,6 +22,14 @@ cores are the limit: the load, the engine and the worker share them); then N non
 requests through :3000: CPU per request, signature check included. The idle share before each
 round, the CPU model once; nothing is asserted, it reports. Every container it starts is removed
 when it ends.
+
+`--c-engine`: the image's stand-in is Python and takes most of the two cores at 256 streams, so the
+worker's CPU is taken from it and the ratio reads the stand-in's ceiling. With this switch the worker
+forwards to bench/engine_floor.c instead (compiled statically here, copied into the container and
+started there on 127.0.0.1:18001 before the worker is ready; MODEL_SERVER_URL points at it, as a
+launch template may set it), and "direct" goes to it too: the same answers at the same pace from C,
+the cores left to the worker as a GPU engine leaves them. The image's own engine still starts and
+writes the ready line the worker waits for; it then idles.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import json
 import os
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +48,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
+from c_parts import build_c  # noqa: E402
 from serving_bench import (  # noqa: E402
     Watch,
     _added,
@@ -58,6 +69,8 @@ TOKENS = 64
 STANDIN = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": str(TOKENS)}
 LOAD_DIR = "/tmp/bakery-scale"
 ENGINE_PORT = 18000  # where images/<engine>.yaml's command binds the engine, inside the container
+C_ENGINE_PORT = 18001  # where --c-engine starts bench/engine_floor.c, inside the container
+C_ENGINE_DIR = "/tmp/bakery-floor"
 
 
 def cpu_counters() -> tuple[int, int]:
@@ -80,6 +93,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--streams", default="256,1024", help="the stream counts, comma-separated")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scale-timeout", type=float, default=120.0, help="a load round stops after this (s)")
+    parser.add_argument("--c-engine", action="store_true",
+                        help="forward to bench/engine_floor.c inside the container, not the image's stand-in")
     return parser.parse_args()
 
 
@@ -139,9 +154,22 @@ def worker_url(launched: gate.Launched) -> str:
     raise RuntimeError("no status report names the worker's URL")
 
 
+def start_c_engine(launched: gate.Launched, binary: bytes, model: str) -> None:
+    """Copy `binary` (engine_floor, static) into the container and start it on C_ENGINE_PORT, 64 tokens
+    at 20 ms; it stops with the container (or by itself 600 s after its last connection)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{C_ENGINE_DIR.rsplit('/', 1)[1]}/engine_floor")
+        info.size, info.mode, info.mtime = len(binary), 0o755, int(time.time())
+        tar.addfile(info, io.BytesIO(binary))
+    launched.container.put_archive("/tmp", buf.getvalue())
+    launched.container.exec_run([f"{C_ENGINE_DIR}/engine_floor", str(C_ENGINE_PORT), f"{C_ENGINE_DIR}/engine.log",
+                                 model, str(TOKENS), "20", "600"], detach=True)
+
+
 def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: int, runs: int,
-            timeout: float, model: str, first_idx: int) -> None:
-    """The rounds of one N, through `launched` (its worker's host pid `worker`)."""
+            timeout: float, model: str, first_idx: int, engine_port: int = ENGINE_PORT) -> None:
+    """The rounds of one N, through `launched` (its worker's host pid `worker`); "direct" to `engine_port`."""
     payload = {"model": model, "prompt": "scale", "stream": True}
     single = {"model": model, "prompt": "scale", "stream": False, "max_tokens": 1}
     idx = first_idx
@@ -154,7 +182,7 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
             idle = cpu_idle()
             counters = cpu_counters()
             if side == "direct":
-                result = seen[side] = streamload(launched, ENGINE_PORT, n, payload, timeout, None)
+                result = seen[side] = streamload(launched, engine_port, n, payload, timeout, None)
                 rows["busy_direct"].append(busy_since(counters))
                 say(f"    direct: idle before {idle:.0%}; machine busy {rows['busy_direct'][-1]:.0%} during; "
                     f"{_outcome(result)}; {result['events']} events = "
@@ -227,11 +255,20 @@ def main() -> int:
                         lambda _m: None).image_id
     client = docker.from_env()
     env = gate.serverless_env(spec, **STANDIN)
+    model = gate.gate_model(spec) or "standin-model"
+    c_engine = None
+    if args.c_engine:
+        with tempfile.TemporaryDirectory(prefix="bk-scale-image-") as tmp:
+            c_engine = build_c(Path(tmp), "engine_floor", static=True).read_bytes()
+        env["MODEL_SERVER_URL"] = f"http://127.0.0.1:{C_ENGINE_PORT}"
+        say(f"engine: bench/engine_floor.c inside the container on 127.0.0.1:{C_ENGINE_PORT}")
     for n in counts:
         # A fresh container for each N: Python keeps the memory a round grew, so on a worker that already
         # carried streams the next N's growth per stream would read low.
         launched = gate.launch(client, image, env, "scale", run_options=gate.launch_options(spec))
         try:
+            if c_engine is not None:  # before the worker is ready: its load benchmark goes to it
+                start_c_engine(launched, c_engine, model)
             if not launched.ready(180):
                 state = "the container exited" if not launched.running() else "180 s passed"
                 say(f"the worker did not report ready ({state}):\n" + launched.logs()[-2000:])
@@ -242,8 +279,8 @@ def main() -> int:
             worker = host_pid(launched.container, int(launched.file_text(f"{gate.RUN_DIR}/worker.pid").strip()))
             say(f"{args.engine} image {image[:19]}: a fresh container, ready; worker pid {worker} (host), "
                 f"signing for {url}")
-            scale_n(launched, worker, (url, signature), n, args.runs, args.scale_timeout,
-                    gate.gate_model(spec) or "standin-model", 1000)
+            scale_n(launched, worker, (url, signature), n, args.runs, args.scale_timeout, model, 1000,
+                    C_ENGINE_PORT if c_engine is not None else ENGINE_PORT)
         finally:
             launched.container.remove(force=True)
     return 0
