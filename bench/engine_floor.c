@@ -48,6 +48,8 @@ struct conn {
     int tokens;       /* tokens this answer has */
     int sent;         /* token events sent so far */
     double start;     /* when the answer began, ms */
+    long serial;      /* this answer's number, for its id */
+    time_t created;   /* when it began, seconds since the epoch */
 };
 
 static struct conn *conns[MAX_FDS];
@@ -55,7 +57,7 @@ static volatile sig_atomic_t stopping = 0;
 static int tokens_full = 64;
 static double delay_ms = 20.0;
 static const char *model = "model";
-static long cut = 0, answered = 0;
+static long cut = 0, answered = 0, answers_begun = 0;
 static int top_fd = 0;  /* the highest connection fd seen: the scans stop there */
 
 static void on_term(int sig) { (void)sig; stopping = 1; }
@@ -93,18 +95,26 @@ static int event(int epfd, int fd, const char *data) {
     return put(epfd, fd, buf + 16 - hl, (size_t)(hl + body + 2));
 }
 
-static int token_event(int epfd, int fd, int k, const char *finish) {
-    char data[512];
+/* The answer's id and time, as the stand-in writes them (cmpl-<32 hex>, seconds since the epoch). */
+static void answer_id(struct conn *c, char out[40]) {
+    snprintf(out, 40, "cmpl-%016lx%016lx", (unsigned long)c->serial, (unsigned long)c->start);
+}
+
+/* One token event, or the finish event when `finish` is given: the stand-in's keys, order and
+ * separators, so that an event is as many bytes as the stand-in's. */
+static int token_event(int epfd, int fd, struct conn *c, int k, const char *finish) {
+    char data[768], id[40];
+    answer_id(c, id);
     snprintf(data, sizeof data,
-             "{\"id\":\"cmpl-floor\",\"object\":\"text_completion\",\"created\":0,\"model\":\"%s\","
-             "\"choices\":[{\"index\":0,\"text\":\"%s\",\"logprobs\":null,\"finish_reason\":%s,"
-             "\"stop_reason\":null}]}",
-             model, finish ? "" : (k % 2 ? " floor" : " tok"), finish ? finish : "null");
+             "{\"id\": \"%s\", \"object\": \"text_completion\", \"created\": %ld, \"model\": \"%s\", "
+             "\"choices\": [{\"index\": 0, \"text\": \"%s\", \"logprobs\": null, \"finish_reason\": %s, "
+             "\"prompt_token_ids\": null, \"stop_reason\": null, \"token_ids\": null}]}",
+             id, (long)c->created, model, finish ? "" : (k % 2 ? " floor" : " tok"), finish ? finish : "null");
     return event(epfd, fd, data);
 }
 
 static int answer_json(int epfd, int fd, int status, const char *body) {
-    char buf[2048];
+    char buf[2560];
     int n = snprintf(buf, sizeof buf,
                      "HTTP/1.1 %d %s\r\nserver: uvicorn\r\ncontent-type: application/json\r\n"
                      "content-length: %zu\r\n\r\n%s",
@@ -167,6 +177,8 @@ static int take_request(int epfd, int fd, struct conn *c) {
     c->tokens = (max_tokens > 0 && max_tokens < tokens_full) ? (int)max_tokens : tokens_full;
     c->sent = 0;
     c->start = now_ms();
+    c->serial = ++answers_begun;
+    c->created = time(NULL);
     if (stream) {
         static const char head_text[] = "HTTP/1.1 200 OK\r\nserver: uvicorn\r\n"
                                         "content-type: text/event-stream; charset=utf-8\r\n"
@@ -183,20 +195,25 @@ static int take_request(int epfd, int fd, struct conn *c) {
 static int step(int epfd, int fd, struct conn *c, double now) {
     if (c->phase == ANSWERING) {
         if (now < c->start + c->tokens * delay_ms) return 0;
-        char body[1024];
+        char body[1536], id[40];
+        answer_id(c, id);
         snprintf(body, sizeof body,
-                 "{\"id\":\"cmpl-floor\",\"object\":\"text_completion\",\"created\":0,\"model\":\"%s\","
-                 "\"choices\":[{\"index\":0,\"text\":\"floor\",\"logprobs\":null,\"finish_reason\":\"%s\"}],"
-                 "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":%d,\"total_tokens\":%d}}",
-                 model, c->tokens < tokens_full ? "length" : "stop", c->tokens, c->tokens + 1);
+                 "{\"id\": \"%s\", \"object\": \"text_completion\", \"created\": %ld, \"model\": \"%s\", "
+                 "\"system_fingerprint\": \"vllm-0.33.0+engine-floor\", \"choices\": [{\"index\": 0, "
+                 "\"text\": \"floor\", \"logprobs\": null, \"finish_reason\": \"%s\", \"prompt_logprobs\": null, "
+                 "\"prompt_token_ids\": null, \"routed_experts\": null, \"stop_reason\": null, \"token_ids\": null}], "
+                 "\"usage\": {\"prompt_tokens\": 1, \"completion_tokens\": %d, \"total_tokens\": %d, "
+                 "\"completion_tokens_details\": null, \"prompt_tokens_details\": null}, \"ec_transfer_params\": null, "
+                 "\"kv_transfer_params\": null, \"metrics\": null, \"service_tier\": null}",
+                 id, (long)c->created, model, c->tokens < tokens_full ? "length" : "stop", c->tokens, c->tokens + 1);
         if (answer_json(epfd, fd, 200, body) < 0) return -1;
     } else {
         while (c->sent < c->tokens && now >= c->start + (c->sent + 1) * delay_ms) {
-            if (token_event(epfd, fd, c->sent, NULL) < 0) return -1;
+            if (token_event(epfd, fd, c, c->sent, NULL) < 0) return -1;
             c->sent++;
         }
         if (c->sent < c->tokens) return 0;
-        if (token_event(epfd, fd, c->sent, c->tokens < tokens_full ? "\"length\"" : "\"stop\"") < 0) return -1;
+        if (token_event(epfd, fd, c, c->sent, c->tokens < tokens_full ? "\"length\"" : "\"stop\"") < 0) return -1;
         if (event(epfd, fd, "[DONE]") < 0) return -1;
         if (put(epfd, fd, "0\r\n\r\n", 5) < 0) return -1;
     }
