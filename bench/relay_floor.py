@@ -2,8 +2,9 @@
 """The floor under the worker's CPU per streamed event (issue 24, target 2: <= 15 us per event).
 
     python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120] [--engine standin|c]
+                                  [--worker-python PATH]
 
-One run, four sides per round, the order rotating: N streamed completions at once from the vLLM
+One run, five sides per round, the order rotating: N streamed completions at once from the vLLM
 stand-in (20 ms per token, 64 tokens, as serving_bench.py's `scale` part), (1) straight to the
 engine, (2) through `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll,
 one recv and one send per arrival, no parsing: the least any forwarder can do), (3) through
@@ -84,6 +85,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scale-timeout", type=float, default=120.0)
+    parser.add_argument("--worker-python", default=None,
+                        help="the Python of the worker and the lean proxy (default: the lean worker venv of "
+                             "worker/requirements.txt on the running interpreter)")
     parser.add_argument("--engine", choices=("standin", "c"), default="standin",
                         help="the vLLM stand-in (Python), or bench/engine_floor.c (leaves the cores to the forwarders)")
     args = parser.parse_args()
@@ -91,7 +95,8 @@ def main() -> int:
         print("relay_floor: --streams and --runs must be positive", file=sys.stderr)
         return 2
     say(f"CPU: {cpu_model()}; {raise_open_files()}; load average {os.getloadavg()[0]:.2f}")
-    worker_python = downloads.host_worker_venv() / "bin" / "python"
+    worker_python = Path(args.worker_python) if args.worker_python else downloads.host_worker_venv() / "bin" / "python"
+    say(f"worker venv: {worker_python.parent.parent}")
     code = "from Crypto.PublicKey import RSA; print(RSA.generate(1024).publickey().export_key().decode())"
     pubkey = subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, check=True).stdout
     payload = {"model": MODEL, "prompt": "scale", "stream": True}
