@@ -1,32 +1,32 @@
 #!/usr/bin/env python3
-"""The floor under the worker's CPU per streamed event (issue 24, target 2: <= 15 us per event).
+"""The floor under the worker's CPU per streamed event and per request (issue 24, target 2), and
+under a burst's first token (target 1).
 
-    python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120] [--engine standin|c]
+    python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120] [--engine c|standin]
                                   [--worker-python PATH]
 
-One run, five sides per round, the order rotating: N streamed completions at once from the vLLM
-stand-in (20 ms per token, 64 tokens, as serving_bench.py's `scale` part), (1) straight to the
-engine, (2) through `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll,
-one recv and one send per arrival, no parsing: the least any forwarder can do), (3) through
-bench/lean_proxy.py, the leanest honest aiohttp.web proxy (issue 24's reference: what aiohttp.web
-alone costs here), (4) through the same proxy in two processes on one port (SO_REUSEPORT: what a
-second core buys a forwarder on this machine, where the engine and the load share the same two
-cores), and (5) through the worker (`UNSECURED=true`, the lean worker venv). For each
+One run, five sides per round, the order rotating: N streamed completions at once (20 ms per token,
+64 tokens, as serving_bench.py's `scale` part), (1) straight to the engine, (2) through
+`relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll, one recv and one
+send per arrival, no parsing: the least any forwarder can do), (3) through bench/lean_proxy.py, the
+leanest honest aiohttp.web proxy (issue 24's reference: what aiohttp.web alone costs here), (4)
+through the same proxy in two processes on one port (SO_REUSEPORT: what a second core buys a
+forwarder on this machine, where the engine and the load share the same two cores), and (5)
+through the worker (`UNSECURED=true`, the lean worker venv, or --worker-python's). For each
 forwarder: CPU time (utime and stime from /proc, every process of the tree) per streamed event, and
 the first token's p50 and p95 added to the direct side's of the same round (the burst's queue: every
-stream is sent in the same millisecond).
+stream is sent in the same millisecond). After each round's streams, N non-streamed one-token
+requests at once go through each forwarder: CPU per request (the relay opens one engine connection
+per client connection, as the load opens one client connection per request). The relay's figures
+are what this machine's kernel and one event loop cost; a target below them cannot be met by any
+design that forwards each event as it arrives. Nothing is asserted; it reports.
 
-`--engine c` replaces the stand-in with bench/engine_floor.c, compiled here: the same answers at the
-same pace from one epoll loop in C. The Python stand-in takes most of the two cores by itself at
-256 streams (straight to it, ~9.7k of the 12.8k events/s the load asks for), so there every
-millisecond of forwarder CPU is taken from the engine; with the C engine the cores are left to the
-forwarder, as a GPU engine leaves them, and the first token added is the forwarder's own queue.
-The relay's figure is what this machine's kernel and one event loop cost per forwarded event; a
-target below it cannot be met by any design that forwards each event as it arrives. After each
-round's streams, N non-streamed one-token requests at once go through each forwarder: CPU per
-request, the floor under target 2's per-request part (the relay opens one engine connection per
-client connection, as the load opens one client connection per request). Nothing is asserted; it
-reports.
+The engine is bench/engine_floor.c (`--engine c`, the default since 2026-12-04), compiled here: the
+stand-in's answers at its pace from one epoll loop in C, held to it by
+tests/bases/test_engine_floor.py. `--engine standin` uses the Python vLLM stand-in, as the figures
+before that date: it takes most of the two cores by itself at 256 streams (straight to it, ~9.7k of
+the 12.8k events/s the load asks for), so every millisecond of forwarder CPU is taken from the
+engine; the C engine leaves the cores to the forwarder, as a GPU engine leaves them.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def main() -> int:
     parser.add_argument("--worker-python", default=None,
                         help="the Python of the worker and the lean proxy (default: the lean worker venv of "
                              "worker/requirements.txt on the running interpreter)")
-    parser.add_argument("--engine", choices=("standin", "c"), default="standin",
-                        help="the vLLM stand-in (Python), or bench/engine_floor.c (leaves the cores to the forwarders)")
+    parser.add_argument("--engine", choices=("c", "standin"), default="c",
+                        help="bench/engine_floor.c (default: leaves the cores to the forwarders) or the "
+                             "Python vLLM stand-in")
     args = parser.parse_args()
     if args.streams < 1 or args.runs < 1:
         print("relay_floor: --streams and --runs must be positive", file=sys.stderr)

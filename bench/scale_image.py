@@ -2,7 +2,7 @@
 """The worker at GPU concurrency through an image's port 3000 (issue 24), measured on this host.
 
     python3 bench/scale_image.py [--engine sglang] [--streams 256,1024] [--runs 3] [--scale-timeout 120]
-                                 [--c-engine]
+                                 [--scale-engine c|standin]
 
 serving_bench.py's `scale` part measures the worker on the host (UNSECURED=true). This one measures it
 as it ships: the engine's image, built on its local base (the SGLang image: its stand-in engine at 20 ms
@@ -23,13 +23,15 @@ requests through :3000: CPU per request, signature check included. The idle shar
 round, the CPU model once; nothing is asserted, it reports. Every container it starts is removed
 when it ends.
 
-`--c-engine`: the image's stand-in is Python and takes most of the two cores at 256 streams, so the
-worker's CPU is taken from it and the ratio reads the stand-in's ceiling. With this switch the worker
-forwards to bench/engine_floor.c instead (compiled statically here, copied into the container and
-started there on 127.0.0.1:18001 before the worker is ready; MODEL_SERVER_URL points at it, as a
-launch template may set it), and "direct" goes to it too: the same answers at the same pace from C,
-the cores left to the worker as a GPU engine leaves them. The image's own engine still starts and
-writes the ready line the worker waits for; it then idles.
+The engine answering is bench/engine_floor.c (`--scale-engine c`, the default since 2026-12-04; the
+older spelling `--c-engine` still works): compiled statically here, copied into the container and
+started there on 127.0.0.1:18001 before the worker is ready, MODEL_SERVER_URL pointing the worker
+at it (as a launch template may), and "direct" goes to it too: the stand-in's answers at its pace
+from C (tests/bases/test_engine_floor.py), the cores left to the worker as a GPU engine leaves them.
+The image's own engine still starts and writes the ready line the worker waits for; it then idles.
+`--scale-engine standin` forwards to the image's own stand-in, as the figures before that date: it
+is Python and takes most of the two cores at 256 streams, so the worker's CPU is taken from it and
+the ratio reads the stand-in's ceiling.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ TOKENS = 64
 STANDIN = {"STANDIN_TOKEN_DELAY": "0.02", "STANDIN_REPLY_TOKENS": str(TOKENS)}
 LOAD_DIR = "/tmp/bakery-scale"
 ENGINE_PORT = 18000  # where images/<engine>.yaml's command binds the engine, inside the container
-C_ENGINE_PORT = 18001  # where --c-engine starts bench/engine_floor.c, inside the container
+C_ENGINE_PORT = 18001  # where --scale-engine c starts bench/engine_floor.c, inside the container
 C_ENGINE_DIR = "/tmp/bakery-floor"
 
 
@@ -93,8 +95,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--streams", default="256,1024", help="the stream counts, comma-separated")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scale-timeout", type=float, default=120.0, help="a load round stops after this (s)")
-    parser.add_argument("--c-engine", action="store_true",
-                        help="forward to bench/engine_floor.c inside the container, not the image's stand-in")
+    parser.add_argument("--scale-engine", choices=("c", "standin"), default="c",
+                        help="bench/engine_floor.c inside the container (default) or the image's own stand-in")
+    parser.add_argument("--c-engine", dest="scale_engine", action="store_const", const="c",
+                        help="the same as --scale-engine c (the default)")
     return parser.parse_args()
 
 
@@ -257,7 +261,7 @@ def main() -> int:
     env = gate.serverless_env(spec, **STANDIN)
     model = gate.gate_model(spec) or "standin-model"
     c_engine = None
-    if args.c_engine:
+    if args.scale_engine == "c":
         with tempfile.TemporaryDirectory(prefix="bk-scale-image-") as tmp:
             c_engine = build_c(Path(tmp), "engine_floor", static=True).read_bytes()
         env["MODEL_SERVER_URL"] = f"http://127.0.0.1:{C_ENGINE_PORT}"

@@ -2,7 +2,7 @@
 """Serving under real traffic (issue 14): what users of the worker on :3000 feel, measured on this host.
 
     python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20] [--streams 256,1024]
-                                   [--scale-timeout 120] [--scale-engine standin|c]
+                                   [--scale-timeout 120] [--scale-engine c|standin]
 
 PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable, scale.
 
@@ -34,10 +34,11 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   (max_tokens 1) through the worker: its CPU per request. Medians over the rounds. Errors (a refused
   or cut stream, --scale-timeout reached) are counted and named, never raised. RLIMIT_NOFILE's soft
   limit is raised to the hard one for the bench and all it starts, so that 1024 streams can open.
-  `--scale-engine c` answers from bench/engine_floor.c instead of the stand-in (same answers, same
-  pace): the Python stand-in takes most of this machine's two cores by itself at 256 streams, so the
-  worker's CPU is taken from the engine and hides in its slowness; the C engine leaves the cores to
-  the worker, as a GPU engine does, and shows the worker's own cost.
+  The engine is bench/engine_floor.c (`--scale-engine c`, the default since 2026-12-04): the stand-in's
+  answers at its pace from C, held to it by tests/bases/test_engine_floor.py. `--scale-engine standin`
+  answers from the Python stand-in, as the figures before that date: it takes most of this machine's
+  two cores by itself at 256 streams, so the worker's CPU is taken from the engine and hides in its
+  slowness; the C engine leaves the cores to the worker, as a GPU engine does.
 
 Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
 once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
@@ -592,7 +593,7 @@ def requests_round(pid: int, load: Callable[[], dict],
 
 
 def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str,
-               engine_kind: str = "standin") -> None:
+               engine_kind: str = "c") -> None:
     """N streams at once, direct and through the worker (see the module docstring, "scale")."""
     with Harness(tmp, worker_python, pubkey) as harness:
         # 64 tokens at 20 ms per token from either engine.
@@ -697,8 +698,9 @@ def main() -> int:
     parser.add_argument("--streams", default="256,1024", help="scale: the stream counts, comma-separated")
     parser.add_argument("--scale-timeout", type=float, default=120.0,
                         help="scale: a load round stops after this many seconds (bench/streamload.py --timeout)")
-    parser.add_argument("--scale-engine", choices=("standin", "c"), default="standin",
-                        help="scale: the vLLM stand-in, or bench/engine_floor.c (leaves the cores to the worker)")
+    parser.add_argument("--scale-engine", choices=("c", "standin"), default="c",
+                        help="scale: bench/engine_floor.c (default: leaves the cores to the worker) or the "
+                             "Python vLLM stand-in")
     parser.add_argument("--worker-python", default=None,
                         help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
