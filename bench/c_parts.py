@@ -12,6 +12,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the benches put the repository on sys.path before they import this module
+    from tests.worker.helpers import Engine, Harness
 
 BENCH = Path(__file__).resolve().parent
 
@@ -40,7 +44,7 @@ def wait_listening(port: int, timeout: float = 10.0) -> None:
     raise SystemExit(f"bench: nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
-def engine_floor(harness, tmp: Path, model: str, tokens: int = 64, delay_ms: float = 20.0):
+def engine_floor(harness: Harness, tmp: Path, model: str, tokens: int = 64, delay_ms: float = 20.0) -> Engine:
     """bench/engine_floor.c started under `harness` (a tests.worker.helpers.Harness) on a fresh slot,
     answering as `model` with `tokens` tokens at `delay_ms` each; its Engine once it listens. It stops
     with the harness, or by itself 600 s after its last connection."""
