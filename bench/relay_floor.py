@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from serving_bench import (  # noqa: E402
 )
 
 from bakery.host import downloads  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.worker.helpers import Harness  # noqa: E402
 
 SIDES = ("direct", "relay", "pyrelay", "lean", "lean2", "worker")
@@ -73,12 +73,6 @@ def _added(side: str, ttft: dict[str, tuple[float | None, float | None]],
     added[side]["p50"].append(mine50 - base50)
     added[side]["p95"].append(mine95 - base95)
     return f"{side} {mine50 - base50:+.1f} / {mine95 - base95:+.1f} ms"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> int:
