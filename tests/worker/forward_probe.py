@@ -87,6 +87,62 @@ def decoding(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
     return report
 
 
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+STREAM_BODY = (b"f\r\ndata: {\"a\":1}\n\n\r\nF\r\ndata: {\"b\":2}\n\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n")
+# Where each chunk of STREAM_BODY ends: an engine writing one event per read.
+STREAM_CHUNK_ENDS = [20, 40, 56]
+
+
+def dechunk(data: bytes) -> bytes:
+    """The body a client reads from chunked `data` (sizes in hex, extensions ignored)."""
+    body, pos = b"", 0
+    while True:
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos:end].split(b";")[0], 16)
+        if size == 0:
+            return body
+        body += data[end + 2:end + 2 + size]
+        pos = end + 2 + size + 2
+
+
+def relay(loop: asyncio.AbstractEventLoop, cuts: list[int]) -> dict[str, Any]:
+    """STREAM_BODY fed in pieces cut at `cuts` to an Answer whose body goes to a chunked client: what the
+    client's bytes decode to, and how many reads went on with their own framing (raw_sink)."""
+    conn = Conn()
+    answer = forward.Answer(conn, loop, 0)  # type: ignore[arg-type]
+    answer.feed(STREAM_HEAD)
+    client: list[bytes] = []
+    raw_reads = [0]
+
+    def sink(pieces: list[bytes]) -> None:
+        client.extend(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+
+    def raw_sink(data: bytes) -> None:
+        raw_reads[0] += 1
+        client.append(data)
+
+    answer.attach(sink, raw_sink)
+    start = 0
+    for cut in [*cuts, len(STREAM_BODY)]:
+        if cut > start:
+            answer.feed(STREAM_BODY[start:cut])
+        start = cut
+    sent = b"".join(client) + b"0\r\n\r\n"  # the answer's end, written by aiohttp's write_eof
+    return {"body": dechunk(sent).decode(), "raw_reads": raw_reads[0], "client": sent.decode(),
+            "ended": answer.ended, "done": conn.done, "discarded": conn.discarded}
+
+
+def relaying(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    every = [relay(loop, [i]) for i in range(1, len(STREAM_BODY))] + [relay(loop, list(range(1, len(STREAM_BODY))))]
+    return {"per_event": relay(loop, STREAM_CHUNK_ENDS),
+            "splits": len(every), "bodies": sorted({r["body"] for r in every}),
+            "all_ended": all(r["ended"] and r["done"] == 1 and not r["discarded"] for r in every),
+            "whole_chunks": {case.decode(): forward.whole_chunks(case) for case in (
+                b"3\r\nabc\r\n", b"3\r\nabc\r\nA\r\n0123456789\r\n", b"3\r\nabc\r\n0\r\n\r\n",
+                b"3\r\nabc", b"3;x=1\r\nabc\r\n", b" 3\r\nabc\r\n", b"3\r\nabcXY", b"0\r\n\r\n",
+                b"1_0\r\n0123456789abcdef\r\n")}}
+
+
 async def engine(answers: list[bytes | None], stall: bool = False) -> tuple[asyncio.base_events.Server, list[int]]:
     """A loopback engine: answers each request with the next of `answers` (None: close the connection
     without a byte); closes a connection after an answer that says `Connection: close`; `stall`
@@ -225,7 +281,7 @@ async def pooling() -> dict[str, Any]:
 
 def main() -> int:
     loop = asyncio.new_event_loop()
-    report = {"decoding": decoding(loop), "pooling": loop.run_until_complete(pooling()),
+    report = {"decoding": decoding(loop), "relaying": relaying(loop), "pooling": loop.run_until_complete(pooling()),
               "engine_address": {url: forward.engine_address(url) for url in (
                   "http://127.0.0.1:18000", "http://localhost", "https://127.0.0.1:1", "http://h:1/prefix")}}
     pending = asyncio.all_tasks(loop)  # the engines' connection handlers

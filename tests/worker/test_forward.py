@@ -37,6 +37,30 @@ def test_a_chunked_stream_is_decoded_with_its_extensions_and_trailer(report: dic
     assert (out["error"], out["done"], out["discarded"]) == (None, 1, 0)
 
 
+def test_a_stream_relayed_to_a_chunked_client_reads_the_same_however_its_bytes_are_split(
+        report: dict[str, Any]) -> None:
+    seen = report["relaying"]
+    assert seen["splits"] >= 50 and seen["bodies"] == ['data: {"a":1}\n\ndata: {"b":2}\n\nhello'], seen
+    assert seen["all_ended"], seen
+
+
+def test_an_engine_writing_one_event_per_read_is_relayed_with_its_own_framing(report: dict[str, Any]) -> None:
+    # The two plain chunks go on as they came (the engine's upper-case size included); the one with an
+    # extension is decoded and framed again, without it.
+    per_event = report["relaying"]["per_event"]
+    assert per_event["raw_reads"] == 2, per_event
+    assert per_event["client"] == ('f\r\ndata: {"a":1}\n\n\r\nF\r\ndata: {"b":2}\n\n\r\n'
+                                   "5\r\nhello\r\n0\r\n\r\n"), per_event
+
+
+def test_only_whole_plain_chunks_short_of_the_last_are_relayed_as_they_are(report: dict[str, Any]) -> None:
+    assert report["relaying"]["whole_chunks"] == {
+        "3\r\nabc\r\n": True, "3\r\nabc\r\nA\r\n0123456789\r\n": True,
+        "3\r\nabc\r\n0\r\n\r\n": False,  # the last chunk: the answer's end is the slow path's
+        "3\r\nabc": False, "3;x=1\r\nabc\r\n": False, " 3\r\nabc\r\n": False, "3\r\nabcXY": False,
+        "0\r\n\r\n": False, "1_0\r\n0123456789abcdef\r\n": False}
+
+
 def test_length_close_and_bodiless_answers_end_where_http_says(report: dict[str, Any]) -> None:
     length, close, empty = (report["decoding"][n]["outcome"] for n in ("length", "close", "empty"))
     assert (length["status"], length["body"], length["keep_alive"], length["done"]) == (400, '{"error":1}', True, 1)

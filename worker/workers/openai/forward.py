@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +39,24 @@ WRITE_HIGH = 256 * 1024  # a slow client: stop reading the engine above this man
 WRITE_LOW = 64 * 1024  # ... and read again below this many
 PAUSE_POLL = 0.005  # seconds between checks of a paused client's buffer
 STREAM_TYPES = ("application/x-ndjson", "application/jsonl")
+# A chunk-size line as engines write it: hex digits alone (no extension, no blanks).
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,15}\r\n")
+
+
+def whole_chunks(data: bytes) -> bool:
+    """Whether `data` is one or more complete chunks of a chunked body, none of them the last (size 0)
+    one, each with a plain hex size line: bytes that may be forwarded to a chunked answer as they are."""
+    pos, end = 0, len(data)
+    while pos < end:
+        size_line = _CHUNK_SIZE.match(data, pos)
+        if size_line is None:
+            return False
+        size = int(size_line[0][:-2], 16)
+        pos = size_line.end() + size
+        if size == 0 or data[pos:pos + 2] != b"\r\n":
+            return False
+        pos += 2
+    return True
 
 
 class EngineError(OSError):
@@ -82,6 +101,7 @@ class Answer:
         self._trailer = False  # after the last chunk: trailer lines until an empty one
         self._pending: list[bytes] = []
         self._sink: Callable[[list[bytes]], None] | None = None
+        self._raw_sink: Callable[[bytes], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._body: bytes | None = None
         self._closed = False
@@ -146,6 +166,11 @@ class Answer:
             if not rest:
                 return
             data = rest
+        elif (self._raw_sink is not None and self._framing == "chunked"
+              and not (self._left or self._crlf or self._line or self._trailer) and whole_chunks(data)):
+            # The usual read of a stream: whole chunks, each an event; they go on with their framing.
+            self._raw_sink(data)
+            return
         try:
             pieces = self._decode(data)
         except ValueError as exc:
@@ -189,15 +214,16 @@ class Answer:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def attach(self, sink: Callable[[list[bytes]], None]) -> None:
-        """From now on, body pieces go to `sink` as they arrive (what is kept goes first)."""
+    def attach(self, sink: Callable[[list[bytes]], None], raw_sink: Callable[[bytes], None] | None = None) -> None:
+        """From now on, body pieces go to `sink` as they arrive (what is kept goes first); with
+        `raw_sink`, a read of a chunked body that is whole chunks goes to it with its chunk framing."""
         pending = self.take_pending()
-        self._sink = sink
+        self._sink, self._raw_sink = sink, raw_sink
         if pending:
             sink(pending)
 
     def detach(self) -> None:
-        self._sink = None
+        self._sink = self._raw_sink = None
 
     # -- internals
 
@@ -468,24 +494,28 @@ async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
         else:
             loop.call_later(PAUSE_POLL, resume_when_drained)
 
-    def sink(pieces: list[bytes]) -> None:
+    def send(data: bytes) -> None:
         if transport is None or transport.is_closing():
             answer.close()  # the client is gone: the engine stops (the task is cancelled too)
             return
-        if chunked:
-            frames = []
-            for piece in pieces:
-                frames += (b"%x\r\n" % len(piece), piece, b"\r\n")
-            transport.write(b"".join(frames))
-        else:
-            transport.write(b"".join(pieces))
+        transport.write(data)
         if not paused[0] and transport.get_write_buffer_size() > WRITE_HIGH:
             paused[0] = True
             if answer.conn.transport is not None:
                 answer.conn.transport.pause_reading()
             loop.call_later(PAUSE_POLL, resume_when_drained)
 
-    answer.attach(sink)
+    def sink(pieces: list[bytes]) -> None:
+        if chunked:
+            frames = []
+            for piece in pieces:
+                frames += (b"%x\r\n" % len(piece), piece, b"\r\n")
+            send(b"".join(frames))
+        else:
+            send(b"".join(pieces))
+
+    # Both sides chunked: the engine's whole chunks are written as they came, not decoded and framed again.
+    answer.attach(sink, send if chunked else None)
     try:
         await answer.finished
     finally:

@@ -341,8 +341,10 @@ def limits_body_middleware(web: Any, max_body_bytes: int, body_timeout: float) -
             return error(web, 413, f"the request body is larger than {max_body_bytes} bytes "
                                    "(BAKERY_MAX_BODY_BYTES)")
         if request.can_read_body:
+            reading = request.read()
             try:
-                await within(request.read(), body_timeout)
+                # A body already read whole (the usual small one) is not waited for: no timer.
+                await (reading if request.content.is_eof() else within(reading, body_timeout))
             except web.HTTPRequestEntityTooLarge:
                 return error(web, 413, f"the request body is larger than {max_body_bytes} bytes "
                                        "(BAKERY_MAX_BODY_BYTES)")

@@ -221,6 +221,8 @@ def long_integer(body: bytes) -> bool:
 def utf8_error(body: bytes) -> bool:
     """Whether `body` is not strict UTF-8 (as aiohttp's request.text() decodes it), checked a slice
     at a time so that the text is never held whole."""
+    if body.isascii():  # ASCII is UTF-8; the usual body is answered without a decoder
+        return False
     decoder = codecs.getincrementaldecoder("utf-8")()
     view = memoryview(body)
     try:
