@@ -725,15 +725,18 @@ def cache_signature(module_name: str = SDK_AUTH_DATA[0], class_name: str = SDK_A
     refusal = getattr(module, SDK_JSON_ERROR, None)
     parse = cls.__dict__.get("from_json_msg")
     if isinstance(refusal, type) and isinstance(parse, classmethod) and not hasattr(parse, "bakery_once"):
-        cls.from_json_msg = _parse_once(refusal)  # type: ignore[attr-defined]
+        cls.from_json_msg = _parse_once(refusal, cls)  # type: ignore[attr-defined]
     return True
 
 
-def _parse_once(refusal: type) -> classmethod:
-    """vastai 1.9.1's AuthData.from_json_msg with its signature asked for once."""
+def _parse_once(refusal: type, owner: type) -> classmethod:
+    """vastai 1.9.1's AuthData.from_json_msg with its signature asked for once: for `owner` at
+    install (a dataclass's fields do not change; even as a lookup, inspect.signature() was ~2 % of a
+    request's CPU), for a subclass at each call."""
+    owner_parameters = inspect.signature(owner).parameters
 
     def from_json_msg(cls: type, json_msg: Any) -> Any:
-        parameters = inspect.signature(cls).parameters
+        parameters = owner_parameters if cls is owner else inspect.signature(cls).parameters
         errors = {name: "missing parameter" for name in parameters if name not in json_msg}
         if errors:
             raise refusal(errors)
