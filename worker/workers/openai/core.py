@@ -38,6 +38,7 @@ from workers.openai import (
     forward,
     guards,
     late_errors,
+    queue_wait,
     references,
     routes,
     sdk_seam,
@@ -638,6 +639,8 @@ class _QuietDebug:
     record is made: making and filtering the SDK's four records was ~9 % of the worker's CPU per
     request (a py-spy profile, issue 14). Any other call goes to the logger's own `debug`."""
 
+    drops_request_lines = True  # read by forward.py: a line this drops is not worth formatting
+
     def __init__(self, logger: logging.Logger) -> None:
         self.own = type(logger).debug.__get__(logger)
 
@@ -867,6 +870,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         ctx = install_parts(worker, cfg, handlers)
     except guards.GuardError as exc:
         _fail(str(exc), EXIT_SDK)
+    if not queue_wait.install(sdk_seam.find(worker.backend, "metrics", "queue_wait")):
+        _warn(f"{sdk_seam.hook('wait_time').where} or {sdk_seam.hook('requests_working').where} not found (a "
+              "changed SDK): the queue estimate is summed on every request, as the SDK does")
     _say(guards.describe(guards.ACTIVE, limits))
     _say(drain.describe(cfg.drain_seconds))
     _say(references.describe(cfg.reference_policy))

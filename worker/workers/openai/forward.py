@@ -584,8 +584,9 @@ def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive
             if (handler is not None and payload is not None and getattr(handler, "remote_function", None) is None
                     and payload.generate_payload_multipart() is None):
                 body = payload.generate_payload_json()
-                log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
-                          f"{list(body) if isinstance(body, dict) else type(body).__name__}")
+                if not getattr(log.debug, "drops_request_lines", False):  # else formatted only to be dropped
+                    log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
+                              f"{list(body) if isinstance(body, dict) else type(body).__name__}")
                 return await pool.post(handler.endpoint, body)
             return await inner(*args, **kwargs)
 

@@ -149,6 +149,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core",),
          "what AuthData.from_json_msg raises for missing fields (the SDK answers it with a 422)",
          required=False),
+    Hook("requests_working", "Metrics", "model_metrics.requests_working", "set", ("queue_wait",),
+         "the requests in flight by reqnum (the SDK's request start sets, its end pops): given at start a "
+         "dict of the same items that keeps the sum of their workloads", required=False),
+    Hook("wait_time", DATA_TYPES_MODULE, "ModelMetrics.wait_time", "set", ("queue_wait",),
+         "the queue estimate every request is checked against (max_queue_time), a sum over every request "
+         "in flight (O(N^2) per burst): replaced by a property that reads queue_wait's kept sum",
+         required=False),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
     *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
         ("site_factory", "web_runner", "BaseRunner.server", "read",
@@ -220,15 +227,16 @@ def module_hook(key: str, who: str) -> tuple[Any, Any]:
     if module is None:
         raise _gone(hook_, who, " (its module is not loaded)")
     try:
-        return module, getattr(module, hook_.attr)
+        return module, _lookup(module, hook_.attr)
     except AttributeError:
         raise _gone(hook_, who) from None
 
 
 def replace_in_module(key: str, who: str, value: Any) -> Any:
-    """Set the module hook `key` to `value`; returns what it replaced."""
+    """Set the module hook `key` to `value` (a dotted hook: on the class its path leads to); returns
+    what it replaced."""
     module, old = module_hook(key, who)
-    setattr(module, BY_KEY[key].attr, value)
+    put(module, key, value)
     return old
 
 
