@@ -46,7 +46,7 @@ import resource
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from workers.openai import config, drain, front, sdk_seam
 
@@ -213,18 +213,18 @@ class Refusal(asyncio.Protocol):
         owner.lingering += 1
         if now_and_then(owner.refused):
             log.warning("refused %d connection(s) beyond %s=%d (503)", owner.refused, CONNECTIONS_VAR, owner.cap)
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(owner.answer)
-        if owner.lingering > MAX_LINGERING or not transport.can_write_eof():
-            transport.close()
+        # A stream transport (asyncio's, or uvloop's, which is not an asyncio.Transport subclass).
+        stream = self.transport = cast(asyncio.Transport, transport)
+        stream.write(owner.answer)
+        if owner.lingering > MAX_LINGERING or not stream.can_write_eof():
+            stream.close()
             return
         try:
-            transport.write_eof()
+            stream.write_eof()
         except OSError:  # the client is gone already
-            transport.abort()
+            stream.abort()
             return
-        self.timer = asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.abort)
+        self.timer = asyncio.get_running_loop().call_later(LINGER_SECONDS, stream.abort)
 
     def data_received(self, data: bytes) -> None:
         self.discarded += len(data)

@@ -35,6 +35,7 @@ from workers.openai import (
     admission,
     config,
     drain,
+    event_loop,
     forward,
     guards,
     late_errors,
@@ -73,6 +74,7 @@ SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
 # endpoint: '<route>', payload keys: [...]`, `Request N succeeded`, `Ending Request N`; a request in a
 # session is `Request N in Session M`). Dropped unless BAKERY_LOG_REQUESTS is true; see quiet_requests().
 LOG_REQUESTS_VAR = "BAKERY_LOG_REQUESTS"
+EVENT_LOOP_VAR = "BAKERY_EVENT_LOOP"
 _REQUEST_ID = r"Request \d+(?: in Session \d+)?"
 PER_REQUEST_LINE = re.compile(
     rf"(?:Starting {_REQUEST_ID}|{_REQUEST_ID} succeeded|Ending {_REQUEST_ID})\Z|posting to endpoint: '"
@@ -148,6 +150,7 @@ class Settings:
     worker_port: int
     worker_http_port: int
     log_requests: bool = False
+    loop_choice: str = event_loop.DEFAULT  # BAKERY_EVENT_LOOP: the loop the worker runs on (event_loop.py)
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
     routes: routes.RouteSettings = field(
@@ -297,6 +300,11 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
             f"using {DEFAULT_READINESS}"
         )
         readiness = DEFAULT_READINESS
+    loop_choice = (_value(env, EVENT_LOOP_VAR) or event_loop.DEFAULT).strip().lower()
+    if loop_choice not in event_loop.CHOICES:
+        warnings.append(f"{EVENT_LOOP_VAR}={env.get(EVENT_LOOP_VAR)!r} is not one of "
+                        f"{', '.join(event_loop.CHOICES)}; using {event_loop.DEFAULT}")
+        loop_choice = event_loop.DEFAULT
     return Settings(
         engine=defaults.engine,
         backend=(_value(env, "BACKEND") or defaults.engine).strip(),
@@ -326,6 +334,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         worker_port=worker_port,
         worker_http_port=http_port,
         log_requests=env_bool(env, LOG_REQUESTS_VAR, False, warnings),
+        loop_choice=loop_choice,
         unsecured=unsecured,
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
@@ -890,6 +899,10 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         if missing:
             _warn(f"the SDK's per-request lines cannot be dropped (no logger in {', '.join(missing)}); "
                   f"they are logged as with {LOG_REQUESTS_VAR}=true")
+    loop_name, loop_warning = event_loop.install(settings.loop_choice)
+    if loop_warning:
+        _warn(loop_warning)
+    _say(f"bakery-worker: event loop: {loop_name}")
     try:
         worker.run()
     finally:

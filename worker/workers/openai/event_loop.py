@@ -1,0 +1,37 @@
+"""The worker's event loop: uvloop (libuv's loop, in C) unless BAKERY_EVENT_LOOP=asyncio.
+
+Why (issue 24): once a streamed event costs bakery one engine read and one client write, what is
+left per event is the loop itself (its selector, its Python transports' write and read paths, its
+callback handles), and uvloop does that part in C. Measured on the AMD EPYC host against the C
+engine: 256 streams x 64 tokens, 30-38 -> 24-25 us of worker CPU per event; 256 one-token
+requests, 0.46 -> 0.39-0.43 ms per request (BENCHMARKS.md, "uvloop, measured again"). An earlier
+measurement found no gain, but against the Python stand-in, which took the cores the worker needed.
+
+The SDK starts its server with `asyncio.run()`, so the loop is chosen through the event loop policy
+before the SDK's `Worker.run()`: asyncio.run() makes its loop from it. BAKERY_EVENT_LOOP=asyncio
+keeps the standard library's loop (for a platform uvloop does not build on, or to compare); a venv
+without uvloop falls back to it with a warning, never to no worker.
+
+Imports only the standard library; uvloop when chosen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+UVLOOP, ASYNCIO = "uvloop", "asyncio"
+CHOICES = (UVLOOP, ASYNCIO)
+DEFAULT = UVLOOP
+
+
+def install(choice: str) -> tuple[str, str | None]:
+    """Make asyncio.run() use the loop named `choice` (one of CHOICES). Returns (what runs, e.g.
+    "uvloop 0.23.0", a warning or None): the standard library's loop when uvloop cannot be imported."""
+    if choice != UVLOOP:
+        return ASYNCIO, None
+    try:
+        import uvloop
+    except ImportError as exc:
+        return ASYNCIO, f"uvloop cannot be imported ({exc}): the worker runs on asyncio's own loop"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return f"{UVLOOP} {getattr(uvloop, '__version__', '')}".strip(), None
