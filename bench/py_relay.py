@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The least one asyncio event loop can cost a forwarder: a byte relay in Python, for bench/relay_floor.py.
 
-    <worker venv>/bin/python bench/py_relay.py PORT ENGINE_PORT
+    <worker venv>/bin/python bench/py_relay.py PORT ENGINE_PORT [uvloop|asyncio]
 
 bench/relay_floor.c in Python: it accepts on 127.0.0.1:PORT, opens one connection to
 127.0.0.1:ENGINE_PORT per client, and copies bytes both ways as they arrive through asyncio's
@@ -9,13 +9,15 @@ protocols (no HTTP parsing, no envelope, no accounting; asyncio sets TCP_NODELAY
 costs per streamed event and per request, and what it adds to a burst's first token, is the floor
 under any port-3000 server that runs on one asyncio loop, aiohttp or one of bakery's own: the gap
 between it and the C relay is the event loop's, the gap between it and the worker is HTTP's and
-bakery's. Loopback only; prints one line once it listens. Not part of the product.
+bakery's. With `uvloop` it runs on uvloop's loop, as the worker does by default (BAKERY_EVENT_LOOP).
+Loopback only; prints one line once it listens. Not part of the product.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from typing import cast
 
 
 class Upstream(asyncio.Protocol):
@@ -41,8 +43,7 @@ class Client(asyncio.Protocol):
         self.held: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
         asyncio.get_running_loop().create_task(self.connect())
 
     async def connect(self) -> None:
@@ -81,10 +82,16 @@ async def serve(port: int, engine_port: int) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
-        print("usage: py_relay.py PORT ENGINE_PORT", file=sys.stderr)
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["uvloop"], ["asyncio"]):
+        print("usage: py_relay.py PORT ENGINE_PORT [uvloop|asyncio]", file=sys.stderr)
         return 2
-    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2])))  # stopped by SIGTERM (its default action)
+    relay = serve(int(sys.argv[1]), int(sys.argv[2]))
+    if sys.argv[3:] == ["uvloop"]:
+        import uvloop
+
+        uvloop.run(relay)  # stopped by SIGTERM (its default action)
+    else:
+        asyncio.run(relay)
     return 0
 
 

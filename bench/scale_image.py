@@ -2,7 +2,7 @@
 """The worker at GPU concurrency through an image's port 3000 (issue 24), measured on this host.
 
     python3 bench/scale_image.py [--engine sglang] [--streams 256,1024] [--runs 3] [--scale-timeout 120]
-                                 [--scale-engine c|standin]
+                                 [--scale-engine c|standin] [--event-loop uvloop|asyncio]
 
 serving_bench.py's `scale` part measures the worker on the host (UNSECURED=true). This one measures it
 as it ships: the engine's image, built on its local base (the SGLang image: its stand-in engine at 20 ms
@@ -31,7 +31,8 @@ from C (tests/bases/test_engine_floor.py), the cores left to the worker as a GPU
 The image's own engine still starts and writes the ready line the worker waits for; it then idles.
 `--scale-engine standin` forwards to the image's own stand-in, as the figures before that date: it
 is Python and takes most of the two cores at 256 streams, so the worker's CPU is taken from it and
-the ratio reads the stand-in's ceiling.
+the ratio reads the stand-in's ceiling. `--event-loop` launches the worker with that
+BAKERY_EVENT_LOOP (uvloop is its default; asyncio to compare).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def arguments() -> argparse.Namespace:
                         help="bench/engine_floor.c inside the container (default) or the image's own stand-in")
     parser.add_argument("--c-engine", dest="scale_engine", action="store_const", const="c",
                         help="the same as --scale-engine c (the default)")
+    parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default=None,
+                        help="the worker's BAKERY_EVENT_LOOP, set at launch as a template may (default: unset)")
     return parser.parse_args()
 
 
@@ -260,6 +263,9 @@ def main() -> int:
     client = docker.from_env()
     env = gate.serverless_env(spec, **STANDIN)
     model = gate.gate_model(spec) or "standin-model"
+    if args.event_loop is not None:
+        env["BAKERY_EVENT_LOOP"] = args.event_loop
+    say(f"the worker's event loop: {args.event_loop or 'its default'}")
     c_engine = None
     if args.scale_engine == "c":
         with tempfile.TemporaryDirectory(prefix="bk-scale-image-") as tmp:

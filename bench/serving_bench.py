@@ -3,6 +3,7 @@
 
     python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20] [--streams 256,1024]
                                    [--scale-timeout 120] [--scale-engine c|standin]
+                                   [--event-loop uvloop|asyncio]
 
 PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable, scale.
 
@@ -38,7 +39,8 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   answers at its pace from C, held to it by tests/bases/test_engine_floor.py. `--scale-engine standin`
   answers from the Python stand-in, as the figures before that date: it takes most of this machine's
   two cores by itself at 256 streams, so the worker's CPU is taken from the engine and hides in its
-  slowness; the C engine leaves the cores to the worker, as a GPU engine does.
+  slowness; the C engine leaves the cores to the worker, as a GPU engine does. `--event-loop` sets
+  the worker's BAKERY_EVENT_LOOP (uvloop, its default, or asyncio) for this part.
 
 Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
 once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
@@ -593,12 +595,14 @@ def requests_round(pid: int, load: Callable[[], dict],
 
 
 def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str,
-               engine_kind: str = "c") -> None:
+               engine_kind: str = "c", event_loop: str | None = None) -> None:
     """N streams at once, direct and through the worker (see the module docstring, "scale")."""
     with Harness(tmp, worker_python, pubkey) as harness:
         # 64 tokens at 20 ms per token from either engine.
         engine = engine_floor(harness, tmp, MODEL) if engine_kind == "c" else harness.standin("vllm", **SCALE_STANDIN)
-        say(f"  engine: {'bench/engine_floor.c' if engine_kind == 'c' else 'the vLLM stand-in'}")
+        say(f"  engine: {'bench/engine_floor.c' if engine_kind == 'c' else 'the vLLM stand-in'}; the worker's "
+            f"event loop: {event_loop or 'its default'}")
+        loop_env = {} if event_loop is None else {"BAKERY_EVENT_LOOP": event_loop}
         payload = {"model": MODEL, "prompt": "scale", "stream": True}
         single = {"model": MODEL, "prompt": "scale", "stream": False, "max_tokens": 1}
         for n in counts:
@@ -606,7 +610,7 @@ def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_p
             # carried N streams the next round's RSS grows by little or nothing.
             (tmp / f"worker-{n}").mkdir()
             with Harness(tmp / f"worker-{n}", worker_python, pubkey) as per_n:
-                part_scale_n(engine, per_n.serve("vllm", engine, MODEL_NAME=MODEL), n, runs, timeout,
+                part_scale_n(engine, per_n.serve("vllm", engine, MODEL_NAME=MODEL, **loop_env), n, runs, timeout,
                              payload, single)
 
 
@@ -701,6 +705,8 @@ def main() -> int:
     parser.add_argument("--scale-engine", choices=("c", "standin"), default="c",
                         help="scale: bench/engine_floor.c (default: leaves the cores to the worker) or the "
                              "Python vLLM stand-in")
+    parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default=None,
+                        help="scale: the worker's BAKERY_EVENT_LOOP (default: unset, the worker's default)")
     parser.add_argument("--worker-python", default=None,
                         help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
@@ -743,7 +749,7 @@ def main() -> int:
                 part_routable(runs, worker_python, routable_engines)
             elif part == "scale":
                 part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey,
-                           args.scale_engine)
+                           args.scale_engine, args.event_loop)
             elif part in ("drain", "report"):
                 part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
                            report="report" in parts)
