@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The leanest honest aiohttp proxy: what aiohttp.web itself costs per request and per event.
 
-    <worker venv>/bin/python bench/lean_proxy.py PORT ENGINE_PORT [PROCESSES]
+    <worker venv>/bin/python bench/lean_proxy.py PORT ENGINE_PORT [PROCESSES [uvloop|asyncio]]
 
 Issue 24's reference: it unwraps the platform's envelope (`payload`, when the body has one), posts it
 to the engine on one pooled client session, and streams the answer back with `iter_any()` ->
@@ -10,6 +10,7 @@ side beside the C relay and the worker, so the worker's CPU is read against what
 costs on this machine. PROCESSES > 1 (default 1) forks that many copies that all listen on PORT
 (SO_REUSEPORT: the kernel spreads the connections over them), to measure what a second core buys a
 forwarder here before the worker is split; the first process stops the others when it is stopped.
+With `uvloop` every copy runs on uvloop's loop, as the worker does by default.
 Loopback only; prints one line once it listens. Not part of the product.
 """
 
@@ -58,11 +59,17 @@ def proxy(engine_port: int) -> web.Application:
 
 
 def main() -> int:
-    if len(sys.argv) not in (3, 4):
-        print("usage: lean_proxy.py PORT ENGINE_PORT [PROCESSES]", file=sys.stderr)
+    if len(sys.argv) not in (3, 4, 5) or sys.argv[4:] not in ([], ["uvloop"], ["asyncio"]):
+        print("usage: lean_proxy.py PORT ENGINE_PORT [PROCESSES [uvloop|asyncio]]", file=sys.stderr)
         return 2
     port, engine_port = int(sys.argv[1]), int(sys.argv[2])
-    processes = int(sys.argv[3]) if len(sys.argv) == 4 else 1
+    processes = int(sys.argv[3]) if len(sys.argv) >= 4 else 1
+    if sys.argv[4:] == ["uvloop"]:  # run_app makes its loop from the policy, as the SDK's asyncio.run() does
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if processes < 1:
         print("lean_proxy: PROCESSES must be 1 or more", file=sys.stderr)
         return 2

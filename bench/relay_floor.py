@@ -5,14 +5,14 @@ under a burst's first token (target 1).
     python3 bench/relay_floor.py [--streams 256] [--runs 3] [--scale-timeout 120] [--engine c|standin]
                                   [--worker-python PATH]
 
-One run, seven sides per round, the order rotating: N streamed completions at once (20 ms per token,
+One run, eight sides per round, the order rotating: N streamed completions at once (20 ms per token,
 64 tokens, as serving_bench.py's `scale` part), (1) straight to the engine, (2) through
 `relay_floor`, a byte relay in C compiled here from bench/relay_floor.c (epoll, one recv and one
 send per arrival, no parsing: the least any forwarder can do), (3) through bench/py_relay.py, the
 same relay on one asyncio loop in Python (the least any one-loop Python server can do), and the
 same on uvloop's loop (the worker's default), (4) through
 bench/lean_proxy.py, the leanest honest aiohttp.web proxy (issue 24's reference: what aiohttp.web
-alone costs here), (5) through the same proxy in two processes on one port (SO_REUSEPORT: what a
+alone costs here), and the same on uvloop, (5) through the same proxy in two processes on one port (SO_REUSEPORT: what a
 second core buys a forwarder on this machine, where the engine and the load share the same two
 cores), and (6) through the worker (`UNSECURED=true`, the lean worker venv, or --worker-python's). For each
 forwarder: CPU time (utime and stime from /proc, every process of the tree) per streamed event, and
@@ -62,7 +62,7 @@ from bakery.host import downloads  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 from tests.worker.helpers import Harness  # noqa: E402
 
-SIDES = ("direct", "relay", "pyrelay", "pyrelay_uv", "lean", "lean2", "worker")
+SIDES = ("direct", "relay", "pyrelay", "pyrelay_uv", "lean", "lean_uv", "lean2", "worker")
 
 
 def _added(side: str, ttft: dict[str, tuple[float | None, float | None]],
@@ -125,18 +125,21 @@ def main() -> int:
             pyrelay_uv_port = free_port()
             pyrelay_uv = subprocess.Popen([str(worker_python), str(BENCH / "py_relay.py"), str(pyrelay_uv_port),
                                            str(engine.port), "uvloop"], stdout=subprocess.PIPE, text=True)
+            lean_uv_port = free_port()
+            lean_uv = subprocess.Popen([str(worker_python), str(BENCH / "lean_proxy.py"), str(lean_uv_port),
+                                        str(engine.port), "1", "uvloop"], stdout=subprocess.PIPE, text=True)
             lean2_port = free_port()
             lean2 = subprocess.Popen([str(worker_python), str(BENCH / "lean_proxy.py"), str(lean2_port),
                                       str(engine.port), "2"], stdout=subprocess.PIPE, text=True)
             ports = {"direct": engine.port, "relay": relay_port, "pyrelay": pyrelay_port,
-                     "pyrelay_uv": pyrelay_uv_port, "lean": lean_port,
+                     "pyrelay_uv": pyrelay_uv_port, "lean": lean_port, "lean_uv": lean_uv_port,
                      "lean2": lean2_port,
                      "worker": served.port}
             pids = {"relay": relay.pid, "pyrelay": pyrelay.pid, "pyrelay_uv": pyrelay_uv.pid, "lean": lean.pid,
-                    "lean2": lean2.pid,
+                    "lean_uv": lean_uv.pid, "lean2": lean2.pid,
                     "worker": served.worker.popen.pid}
             try:
-                for process in (relay, pyrelay, pyrelay_uv, lean, lean2):
+                for process in (relay, pyrelay, pyrelay_uv, lean, lean_uv, lean2):
                     say(process.stdout.readline().strip() if process.stdout else f"{process.args[0]} started")
                 idx = 1
                 for i in range(args.runs):
@@ -185,7 +188,7 @@ def main() -> int:
                                      f" = {ms:.3f} ms/request")
                         say(line)
             finally:
-                for process in (relay, pyrelay, pyrelay_uv, lean, lean2):
+                for process in (relay, pyrelay, pyrelay_uv, lean, lean_uv, lean2):
                     process.terminate()
                     process.wait(timeout=10)
     say(f"medians over {args.runs} round(s), {args.streams} streams x 64 tokens at 20 ms/token:")
