@@ -2,9 +2,10 @@
 
 Why (issue 24): once a streamed event costs bakery one engine read and one client write, what is
 left per event is the loop itself (its selector, its Python transports' write and read paths, its
-callback handles), and uvloop does that part in C. Measured on the AMD EPYC host against the C
-engine: 256 streams x 64 tokens, 30-38 -> 24-25 us of worker CPU per event; 256 one-token
-requests, 0.46 -> 0.39-0.43 ms per request (BENCHMARKS.md, "uvloop, measured again"). An earlier
+callback handles), and uvloop does that part in C. Measured alternately on the AMD EPYC host
+against the C engine (serving_bench.py --event-loop): 256 streams x 64 tokens, 36-48 -> 29-34 us of
+worker CPU per event, first token +114-155 -> +86-99 ms; 1024 streams 0.72-0.74x -> 0.78-0.79x
+(BENCHMARKS.md, "Back on an AMD EPYC host"). An earlier
 measurement found no gain, but against the Python stand-in, which took the cores the worker needed.
 
 The SDK starts its server with `asyncio.run()`, so the loop is chosen through the event loop policy
