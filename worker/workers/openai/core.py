@@ -39,6 +39,7 @@ from workers.openai import (
     forward,
     guards,
     late_errors,
+    own_handler,
     queue_wait,
     references,
     routes,
@@ -882,6 +883,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not queue_wait.install(sdk_seam.find(worker.backend, "metrics", "queue_wait")):
         _warn(f"{sdk_seam.hook('wait_time').where} or {sdk_seam.hook('requests_working').where} not found (a "
               "changed SDK): the queue estimate is summed on every request, as the SDK does")
+    if not own_handler.install(worker.backend):
+        _warn(f"a hook of own_handler.py ({', '.join(own_handler.HOOK_KEYS)}) not found (a changed SDK): "
+              "every request is handled by the SDK's own handler")
     _say(guards.describe(guards.ACTIVE, limits))
     _say(drain.describe(cfg.drain_seconds))
     _say(references.describe(cfg.reference_policy))

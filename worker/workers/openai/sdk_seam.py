@@ -107,7 +107,7 @@ HOOKS: tuple[Hook, ...] = (
          "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope"),
+    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope", "own_handler"),
          "queues a refused request's outcome: a forged one counts no load (envelope reports its early 401)"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
@@ -135,7 +135,7 @@ HOOKS: tuple[Hook, ...] = (
          "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
     Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
          "the envelope type the signature check takes"),
-    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope"),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope", "own_handler"),
          "a request's outcome, for a refusal the SDK never saw"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
          "the SDK's handlers of each route, to count a refused request's workload", required=False),
@@ -146,7 +146,7 @@ HOOKS: tuple[Hook, ...] = (
          "its from_json_msg computes inspect.signature 7 times per request: given a __signature__ and a "
          "from_json_msg with the same rules that asks for it once",
          required=False),
-    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core",),
+    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core", "own_handler"),
          "what AuthData.from_json_msg raises for missing fields (the SDK answers it with a 422)",
          required=False),
     Hook("requests_working", "Metrics", "model_metrics.requests_working", "set", ("queue_wait",),
@@ -156,6 +156,16 @@ HOOKS: tuple[Hook, ...] = (
          "the queue estimate every request is checked against (max_queue_time), a sum over every request "
          "in flight (O(N^2) per burst): replaced by a property that reads queue_wait's kept sum",
          required=False),
+    Hook("handle_request", "Backend", "_Backend__handle_request", "replace", ("own_handler",),
+         "every route request's handling (parse, signature, queue check, engine call, outcome): replaced "
+         "for the routes that serve in parallel by own_handler.py's, the same steps in the request's own "
+         "task (the SDK runs the engine call in a task of its own); sessions and queued routes keep it",
+         required=False),
+    *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("own_handler",),
+           f"a request's outcome as the SDK's handler reports it ({why}): called by own_handler.py at the "
+           "same points", required=False) for step, why in (
+        ("start", "in flight, its workload pending"), ("success", "served"), ("errored", "the engine call "
+         "failed: 500"), ("canceled", "the client went away: 499"), ("end", "however it ended"))),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
     *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
         ("site_factory", "web_runner", "BaseRunner.server", "read",
