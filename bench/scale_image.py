@@ -32,7 +32,8 @@ The image's own engine still starts and writes the ready line the worker waits f
 `--scale-engine standin` forwards to the image's own stand-in, as the figures before that date: it
 is Python and takes most of the two cores at 256 streams, so the worker's CPU is taken from it and
 the ratio reads the stand-in's ceiling. `--event-loop` launches the worker with that
-BAKERY_EVENT_LOOP (uvloop is its default; asyncio to compare).
+BAKERY_EVENT_LOOP (uvloop is its default; asyncio to compare), `--front` with that BAKERY_FRONT
+(wire is its default; aiohttp to compare).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def arguments() -> argparse.Namespace:
                         help="the same as --scale-engine c (the default)")
     parser.add_argument("--event-loop", choices=("uvloop", "asyncio"), default=None,
                         help="the worker's BAKERY_EVENT_LOOP, set at launch as a template may (default: unset)")
+    parser.add_argument("--front", choices=("wire", "aiohttp"), default=None,
+                        help="the worker's BAKERY_FRONT, set at launch as a template may (default: unset, wire)")
     return parser.parse_args()
 
 
@@ -265,7 +268,9 @@ def main() -> int:
     model = gate.gate_model(spec) or "standin-model"
     if args.event_loop is not None:
         env["BAKERY_EVENT_LOOP"] = args.event_loop
-    say(f"the worker's event loop: {args.event_loop or 'its default'}")
+    if args.front is not None:
+        env["BAKERY_FRONT"] = args.front
+    say(f"the worker's event loop: {args.event_loop or 'its default'}; its front: {args.front or 'its default'}")
     c_engine = None
     if args.scale_engine == "c":
         with tempfile.TemporaryDirectory(prefix="bk-scale-image-") as tmp:

@@ -100,7 +100,7 @@ SCRIPT = textwrap.dedent("""
         calls = []
         b = backend(scenario, calls)
         if own:
-            assert own_handler.install(b)
+            assert own_handler.install(b) is not None
             assert "_Backend__handle_request" in b.__dict__  # bakery's, on the instance
         handle = b._Backend__handle_request
         request = Request(BODIES.get(scenario, json.dumps(GOOD)))

@@ -102,6 +102,13 @@ class Budget:
         self.held += size
         return True
 
+    def take(self, size: int) -> bool:
+        """reserve() for a request that goes elsewhere when it does not fit: no refusal counted."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
     def release(self, size: int) -> None:
         """Give back `size` bytes taken by reserve()."""
         self.held -= size
@@ -163,6 +170,10 @@ class Connections:
     def __init__(self, cap: int, retry_after: int) -> None:
         self.cap = cap
         self.servers: list[Any] = []  # aiohttp's web.Server of each capped listener
+        # The wire front (wire.py), when on: it makes each admitted connection's protocol from
+        # aiohttp's factory, and counts in `fronted` the connections it holds before aiohttp does.
+        self.front: Callable[[Callable[[], asyncio.BaseProtocol]], asyncio.BaseProtocol] | None = None
+        self.fronted = 0
         self.starting = 0
         self.lingering = 0
         self.refused = 0
@@ -174,7 +185,7 @@ class Connections:
 
     def open(self) -> int:
         """Connections open now on the capped listeners (aiohttp's own count: until a handler ends)."""
-        return sum(len(server.connections) for server in self.servers)
+        return sum(len(server.connections) for server in self.servers) + self.fronted
 
     def factory(self, server: Any) -> Callable[[], asyncio.BaseProtocol]:
         """The protocol factory for a listener whose aiohttp factory is `server`."""
@@ -186,6 +197,8 @@ class Connections:
             # aiohttp counts a connection from its connection_made, which asyncio calls a loop turn
             # after this (and a burst of connections accepted at once is made before any of them):
             # counted here until then, two turns (plain TCP; see docs/security.md for TLS).
+            if self.front is not None:
+                return self.front(server)  # counted in `fronted` from here
             self.starting += 1
             loop = asyncio.get_running_loop()
             loop.call_soon(loop.call_soon, self.started)

@@ -88,6 +88,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("HEALTHCHECK_PROBE_TIMEOUT", "number", 30.0, "warn", "core", "seconds of one health probe"),
     Var("BAKERY_LOG_REQUESTS", "bool", False, "warn", "core", "keep the per-request log lines"),
     Var("BAKERY_EVENT_LOOP", "choice", "uvloop", "warn", "core", "uvloop | asyncio: the worker's event loop"),
+    Var("BAKERY_FRONT", "choice", "wire", "warn", "core",
+        "wire | aiohttp: who reads port 3000's connections first (wire.py; aiohttp: every request aiohttp.web's)"),
     Var("UNSECURED", "bool", False, "exit", "core", "serve without a signature (offline only)"),
     Var("WORKER_STATE_DIR", "text", "/var/lib/bakery/worker", "none", "start_server.sh",
         "the worker's working directory", "start_server.sh"),

@@ -76,6 +76,8 @@ SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
 # session is `Request N in Session M`). Dropped unless BAKERY_LOG_REQUESTS is true; see quiet_requests().
 LOG_REQUESTS_VAR = "BAKERY_LOG_REQUESTS"
 EVENT_LOOP_VAR = "BAKERY_EVENT_LOOP"
+FRONT_VAR = "BAKERY_FRONT"
+FRONTS = ("wire", "aiohttp")
 _REQUEST_ID = r"Request \d+(?: in Session \d+)?"
 PER_REQUEST_LINE = re.compile(
     rf"(?:Starting {_REQUEST_ID}|{_REQUEST_ID} succeeded|Ending {_REQUEST_ID})\Z|posting to endpoint: '"
@@ -152,6 +154,7 @@ class Settings:
     worker_http_port: int
     log_requests: bool = False
     loop_choice: str = event_loop.DEFAULT  # BAKERY_EVENT_LOOP: the loop the worker runs on (event_loop.py)
+    front: str = FRONTS[0]  # BAKERY_FRONT: wire.py reads port 3000's connections first, or aiohttp.web alone
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
     routes: routes.RouteSettings = field(
@@ -306,6 +309,10 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         warnings.append(f"{EVENT_LOOP_VAR}={env.get(EVENT_LOOP_VAR)!r} is not one of "
                         f"{', '.join(event_loop.CHOICES)}; using {event_loop.DEFAULT}")
         loop_choice = event_loop.DEFAULT
+    front = (_value(env, FRONT_VAR) or FRONTS[0]).strip().lower()
+    if front not in FRONTS:
+        warnings.append(f"{FRONT_VAR}={env.get(FRONT_VAR)!r} is not one of {', '.join(FRONTS)}; using {FRONTS[0]}")
+        front = FRONTS[0]
     return Settings(
         engine=defaults.engine,
         backend=(_value(env, "BACKEND") or defaults.engine).strip(),
@@ -336,6 +343,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         worker_http_port=http_port,
         log_requests=env_bool(env, LOG_REQUESTS_VAR, False, warnings),
         loop_choice=loop_choice,
+        front=front,
         unsecured=unsecured,
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
@@ -822,14 +830,35 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
     forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
                     guards.ENGINE_KEEPALIVE)
-    signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
+    known = signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers)
-    serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
+    ctx.signature_known = known
+    ctx.drain = serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
                     settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
                     stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     return ctx
+
+
+def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str, Any] | None,
+                  serve: Any, header_timeout: float) -> str:
+    """Put wire.py's front on WORKER_PORT's connections (BAKERY_FRONT=wire, the default); the startup
+    line saying who reads them. Call after the access logger class is chosen (wire logs through it)."""
+    if settings.front != "wire":
+        return f"bakery-worker: front: aiohttp.web reads every request ({FRONT_VAR}=aiohttp)"
+    from workers.openai import wire  # msgspec (signed_first): the worker venv's
+    served = {route: handlers[route] for route in settings.routes.routes if handlers and route in handlers}
+    made = None
+    if serve is not None and served and ctx.signature_known is not None:
+        metrics = sdk_seam.find(backend, "metrics", "wire.py")
+        made = wire.install(ctx, served, serve, ctx.signature_known, backend, header_timeout,
+                            lambda: bool(metrics.system_metrics.model_is_loaded))
+    if made is None:
+        return (f"bakery-worker: front: aiohttp.web reads every request (the wire front needs the limits "
+                f"guard, the drain and the SDK's route handlers; {FRONT_VAR}=wire asked for it)")
+    return (f"bakery-worker: front: wire.py serves plain signed requests to {', '.join(served)} below "
+            f"aiohttp.web (bodies up to {wire.BODY_MAX} bytes); everything else is aiohttp.web's ({FRONT_VAR})")
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -883,7 +912,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not queue_wait.install(sdk_seam.find(worker.backend, "metrics", "queue_wait")):
         _warn(f"{sdk_seam.hook('wait_time').where} or {sdk_seam.hook('requests_working').where} not found (a "
               "changed SDK): the queue estimate is summed on every request, as the SDK does")
-    if not own_handler.install(worker.backend):
+    serve = own_handler.install(worker.backend)
+    if serve is None:
         _warn(f"a hook of own_handler.py ({', '.join(own_handler.HOOK_KEYS)}) not found (a changed SDK): "
               "every request is handled by the SDK's own handler")
     _say(guards.describe(guards.ACTIVE, limits))
@@ -903,6 +933,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         if missing:
             _warn(f"the SDK's per-request lines cannot be dropped (no logger in {', '.join(missing)}); "
                   f"they are logged as with {LOG_REQUESTS_VAR}=true")
+    _say(install_front(settings, ctx, worker.backend, handlers, serve, limits.header_timeout))
     loop_name, loop_warning = event_loop.install(settings.loop_choice)
     if loop_warning:
         _warn(loop_warning)

@@ -86,6 +86,7 @@ class Drain:
         self._idle: asyncio.Event | None = None
         self._unflushed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
+        self.notes: list[Callable[[], str]] = []  # lines said when the drain begins (the wire front's count)
 
     async def middleware(self, request: Any, handler: Any) -> Any:
         """Refuse while draining; otherwise serve and finish the answer inside the count."""
@@ -96,25 +97,34 @@ class Drain:
             response = retry_later(web, "the worker is shutting down; retry on another worker", self.retry_after)
             response.force_close()
             return response
-        self.in_flight += 1
+        self.enter()
+        transport = request.transport
         try:
             response = await handler(request)
             if self.draining:
                 response.force_close()
-            transport = request.transport
             if transport is None or transport.is_closing():
                 return response  # the client is gone (the SDK's 499): nothing to write, nobody to tell
             # aiohttp sends a plain Response only after the middleware returns: send it here, so
             # that "no request in flight" means "every answer was written".
             await response.prepare(request)
             await response.write_eof()
-            if transport.get_write_buffer_size():
-                self._unflushed.add(transport)
             return response
         finally:
-            self.in_flight -= 1
-            if self.in_flight == 0 and self._idle is not None:
-                self._idle.set()
+            self.leave(transport)
+
+    def enter(self) -> None:
+        """A request is in flight (until leave())."""
+        self.in_flight += 1
+
+    def leave(self, transport: Any) -> None:
+        """The request entered last on `transport` is over, its answer written to the transport (the
+        drain waits for what the transport still holds)."""
+        if transport is not None and not transport.is_closing() and transport.get_write_buffer_size():
+            self._unflushed.add(transport)
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
 
     def begin(self) -> None:
         """Start the drain (first signal only); a later signal changes nothing."""
@@ -126,6 +136,8 @@ class Drain:
             self._idle.set()
         _say(f"bakery-worker: stop signal: draining, {self.in_flight} request(s) in flight, up to "
              f"{self.seconds:g} s ({DRAIN_VAR}); new requests get 503")
+        for note in self.notes:
+            _say(note())
         self._task = asyncio.get_running_loop().create_task(self._finish())
 
     async def _finish(self) -> None:

@@ -465,22 +465,10 @@ class Pool:
 # --------------------------------------------------------------------------- the client side
 
 
-async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
-    """Send a streamed engine answer to the client, event by event, as the SDK's default does (the
-    engine's status and content type, the body as it comes), written from the engine's callbacks."""
-    res = web.StreamResponse(status=answer.status)
-    if answer.content_type:
-        res.content_type = answer.content_type
-    await res.prepare(request)
-    # The first piece goes through aiohttp, so the headers leave with it in one write.
-    await answer.wait_data()
-    pieces = answer.take_pending()
-    if not pieces:  # an empty body
-        await res.write_eof()
-        return res
-    await res.write(b"".join(pieces))
-    transport = request.transport
-    chunked = res.headers.get("Transfer-Encoding", "").lower() == "chunked"
+async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
+    """Write the answer's body to the client's `transport` from the engine connection's callbacks,
+    piece by piece as it arrives (chunk-framed when `chunked`; whole engine chunks as they came),
+    reading the engine no faster than the client takes it; returns at the body's end."""
     loop = asyncio.get_running_loop()
     paused: list[bool] = [False]
 
@@ -520,6 +508,24 @@ async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
         await answer.finished
     finally:
         answer.detach()
+
+
+async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
+    """Send a streamed engine answer to the client, event by event, as the SDK's default does (the
+    engine's status and content type, the body as it comes), written from the engine's callbacks."""
+    res = web.StreamResponse(status=answer.status)
+    if answer.content_type:
+        res.content_type = answer.content_type
+    await res.prepare(request)
+    # The first piece goes through aiohttp, so the headers leave with it in one write.
+    await answer.wait_data()
+    pieces = answer.take_pending()
+    if not pieces:  # an empty body
+        await res.write_eof()
+        return res
+    await res.write(b"".join(pieces))
+    chunked = res.headers.get("Transfer-Encoding", "").lower() == "chunked"
+    await relay(request.transport, answer, chunked)
     await res.write_eof()
     return res
 

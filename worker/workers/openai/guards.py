@@ -189,6 +189,9 @@ class Context:
     # wrap(runner, port) -> the runner a listener on `port` is made on (admission's connection cap)
     site_runners: list[Callable[[Any, int | None], Any]] = field(default_factory=list)
     listen_backlog: int = 0  # every listener's but http_port's (admission.listen_backlog); 0: aiohttp's
+    admission: tuple[Any, Any] | None = None  # (Budget, Connections) of the limits guard, when installed
+    drain: Any = None  # serving.install's Drain
+    signature_known: Callable[[str, str], bool] | None = None  # signature_memo's knows(url, signature)
 
 
 _OUTCOME = front.OUTCOME  # the engine call's timeout, for the limits_engine middleware's 504
@@ -321,7 +324,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
     ctx.middlewares.append((RANK["limits_body"], front.limits_body_middleware(
         web, limits.max_body_bytes, limits.body_timeout)))
     ctx.middlewares.append((RANK["limits_engine"], front.limits_engine_middleware(web, routes)))
-    admission.install(ctx, web, RANK["admission"])
+    ctx.admission = admission.install(ctx, web, RANK["admission"])
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:

@@ -83,12 +83,21 @@ def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
             accepted[(url, signature)] = key
         return valid
 
+    def knows(url: str, signature: str) -> bool:
+        """Whether the pair was accepted under the key loaded now: the check would accept it again with
+        no other effect than an acceptance's (the wire front serves such a request itself)."""
+        key = sdk_seam.get(backend, "pubkey")
+        return key is not None and accepted.get((url, signature)) is key
+
+    check_signature.knows = knows  # type: ignore[attr-defined]
     return check_signature
 
 
-def install(backend: Any) -> None:
+def install(backend: Any) -> Callable[[str, str], bool]:
     """Make the memo the innermost layer of `backend`'s signature check (before any guard wraps it);
-    raises sdk_seam.GuardError when a hook it needs is gone."""
+    returns its `knows(url, signature)`. Raises sdk_seam.GuardError when a hook it needs is gone."""
     for key in ("pubkey", "unsecured", "reqnum"):
         sdk_seam.find(backend, key, "signature_memo")
-    sdk_seam.wrap(backend, "check_signature", "signature_memo", lambda check: memo(check, backend))
+    made = memo(sdk_seam.find(backend, "check_signature", "signature_memo"), backend)
+    sdk_seam.put(backend, "check_signature", made)
+    return made.knows  # type: ignore[attr-defined, no-any-return]
