@@ -34,6 +34,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
@@ -99,29 +100,32 @@ class _Written:
         self.status, self.headers, self.body_length = status, headers, body_length
 
 
+@dataclass
 class Front:
     """The wire front's shared parts (see the module's docstring); `connection(inner)` makes the
     protocol of one admitted connection, `inner` being aiohttp's factory for it."""
 
-    def __init__(self, *, handlers: dict[str, Any], serve: Callable[..., Any], loaded: Callable[[], bool],
-                 drain: Any, signed: Callable[[dict[str, Any]], bool], budget: Any, connections: Any,
-                 header_timeout: float, access_logger: Any, server_name: str) -> None:
-        self.handlers = {path.encode("ascii"): (path, handler) for path, handler in handlers.items()}
-        self.serve = serve
-        self.loaded = loaded
-        self.drain = drain
-        self.signed = signed
-        self.budget = budget
-        self.connections = connections
-        self.header_timeout = header_timeout
-        self.access_logger = access_logger
-        self.server_name = server_name
+    routes: dict[str, Any]  # path -> the SDK's EndpointHandler
+    serve: Callable[..., Any]  # own_handler's steps after the parse
+    loaded: Callable[[], bool]
+    drain: Any  # drain.Drain
+    signed: Callable[[dict[str, Any]], bool]  # the memo knows the pair (or UNSECURED)
+    budget: Any  # admission.Budget
+    connections: Any  # admission.Connections
+    header_timeout: float
+    access_logger: Any  # aiohttp's access logger class, as the runner's
+    server_name: str
+    served: int = 0
+    handed: int = 0
+    handlers: dict[bytes, tuple[str, Any]] = field(init=False)
+    signed_first: Any = field(init=False)
+    _date: tuple[int, str] = (-1, "")
+
+    def __post_init__(self) -> None:
         from workers.openai import signed_first  # msgspec: the worker venv's (parse_head needs none)
 
+        self.handlers = {path.encode("ascii"): (path, handler) for path, handler in self.routes.items()}
         self.signed_first = signed_first
-        self.served = 0
-        self.handed = 0
-        self._date = (-1, "")
 
     def date(self) -> str:
         """The Date header's value, made once a second."""
@@ -407,7 +411,7 @@ def install(ctx: Any, handlers: dict[str, Any], serve: Callable[..., Any], knows
     def signed(auth: dict[str, Any]) -> bool:
         return bool(backend.unsecured) or knows(auth["url"], auth["signature"])
 
-    owner = Front(handlers=handlers, serve=serve, loaded=loaded, drain=ctx.drain, signed=signed, budget=budget,
+    owner = Front(routes=handlers, serve=serve, loaded=loaded, drain=ctx.drain, signed=signed, budget=budget,
                   connections=connections, header_timeout=header_timeout,
                   access_logger=logger_class(access_logger, AccessLogger.LOG_FORMAT), server_name=SERVER_SOFTWARE)
     connections.front = owner.connection
