@@ -356,6 +356,12 @@ def limits_body_middleware(web: Any, max_body_bytes: int, body_timeout: float) -
     return limits_body
 
 
+def engine_timeout(outcome: dict[str, str]) -> str:
+    """The 504's message for an engine call that timed out (recorded in OUTCOME)."""
+    return (f"the engine did not answer in time ({outcome['timeout']}; "
+            "BAKERY_ENGINE_CONNECT_TIMEOUT, BAKERY_ENGINE_IDLE_TIMEOUT)")
+
+
 def limits_engine_middleware(web: Any, routes: tuple[str, ...]) -> Any:
     """504 for a model request whose engine call timed out (recorded in OUTCOME by the engine call)."""
     @web.middleware
@@ -369,8 +375,7 @@ def limits_engine_middleware(web: Any, routes: tuple[str, ...]) -> Any:
         finally:
             OUTCOME.reset(token)
         if "timeout" in outcome and response.status == 500 and not response.prepared:
-            return error(web, 504, f"the engine did not answer in time ({outcome['timeout']}; "
-                                   "BAKERY_ENGINE_CONNECT_TIMEOUT, BAKERY_ENGINE_IDLE_TIMEOUT)")
+            return error(web, 504, engine_timeout(outcome))
         return response
 
     return limits_engine

@@ -327,9 +327,7 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
             return None
         if status == 500 and "timeout" in outcome:
-            message = (f"the engine did not answer in time ({outcome['timeout']}; "
-                       "BAKERY_ENGINE_CONNECT_TIMEOUT, BAKERY_ENGINE_IDLE_TIMEOUT)")
-            return self._error(504, message, close)
+            return self._error(504, front.engine_timeout(outcome), close)
         return self._error(status, front.BARE.get(status, REASONS.get(status, "error")), close)
 
     # -- writing an answer as aiohttp.web writes it
