@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bakery.docker.build import BuildResult, build
+from bakery.host.relay import relay_program
 from bakery.host.wheelhouse import wheelhouse
 from bakery.paths import cache_path
 from bakery.recipe.build_facts import BuildFacts
@@ -33,5 +34,6 @@ def build_image(rendered: Rendered, progress: Progress, platform: str = "linux/a
                 buildargs: dict[str, str] | None = None) -> BuildResult:
     """Lay out the context for `rendered` (with `platform`'s wheels) and build it, untagged;
     `buildargs` default to this checkout's (build_args())."""
-    context = write_context(rendered, context_dir(rendered.spec.name), wheelhouse(platform))
+    context = write_context(rendered, context_dir(rendered.spec.name), wheelhouse(platform),
+                            relay_program(platform))
     return build(context, progress, buildargs=build_args() if buildargs is None else buildargs)

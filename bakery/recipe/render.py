@@ -272,10 +272,11 @@ def context_files() -> list[str]:
     return keep
 
 
-def write_context(rendered: Rendered, directory: Path, wheelhouse: Path) -> Path:
+def write_context(rendered: Rendered, directory: Path, wheelhouse: Path, relay: Path | None = None) -> Path:
     """Lay out a complete build context in `directory`: the generated Dockerfile and wheels/, plus the
-    tracked files of worker/ (as worker/) and of templates/context/ (as context/), and a baked model's
-    files and manifest (as model/, bakery.model.stage)."""
+    tracked files of worker/ (as worker/) and of templates/context/ (as context/), the compiled
+    bakery-relay `relay` (as worker/relay/bakery-relay, bakery.host.relay) and a baked model's files
+    and manifest (as model/, bakery.model.stage)."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -285,6 +286,8 @@ def write_context(rendered: Rendered, directory: Path, wheelhouse: Path) -> Path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / path, target, follow_symlinks=False)
     shutil.copytree(wheelhouse, directory / "wheels")
+    if relay is not None:
+        shutil.copy2(relay, directory / "worker" / "relay" / "bakery-relay")
     if rendered.model is not None:
         stage_model(rendered.model, directory)
     return directory

@@ -38,6 +38,7 @@ from typing import Any
 
 from bakery import __version__
 from bakery.errors import InputError, cli_main
+from bakery.host.relay import relay_program
 from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.plan import BuildOptions, BuildPlan, make_plan
 from bakery.recipe.render import render, write_context
@@ -157,7 +158,8 @@ def write_bake_file(plans: list[BuildPlan], path: Path, *, wheelhouse: Callable[
     directory.mkdir(parents=True, exist_ok=True)
     for target in targets:
         rendered = render(target.plan.spec, target.plan.render)
-        write_context(rendered, directory / target.context, wheelhouse(target.platform))
+        write_context(rendered, directory / target.context, wheelhouse(target.platform),
+                      relay_program(target.platform))
     definition = bake_definition(targets)
     path.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
     if not quiet:

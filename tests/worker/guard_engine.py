@@ -6,7 +6,7 @@ Serves /health (503 until loaded, then 200), /v1/completions and /v1/chat/comple
 `model loaded` to FILE after S seconds (the llama.cpp load line the worker waits for). What a request
 gets depends on its prompt (or last message):
 - `hang`: the engine accepts the request and never answers (held 120 s at most);
-- `trickle N D`: a streamed answer of N chunks, one every D seconds;
+- `trickle N D [S]`: a streamed answer of N chunks, one every D seconds (S seconds before the second);
 - `slowbody D`: the answer's headers at once, then D seconds of silence before its body;
 - `health N`: from then on /health answers status N (the engine still serves requests);
 - anything else: at once, a completion whose text is `echo:<prompt>`.
@@ -77,8 +77,9 @@ def main() -> None:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                stall = float(words[3]) if len(words) > 3 else 0.0  # once, after the first part
                 for i in range(count):
-                    time.sleep(delay)
+                    time.sleep(delay if i != 1 else stall or delay)
                     chunk = f"data: {json.dumps({'choices': [{'text': f'part{i} '}]})}\n\n".encode()
                     self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                     self.wfile.flush()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import http.client
 import json
@@ -269,6 +270,16 @@ def platform_env(port: int, report_url: str) -> dict[str, str]:
     }
 
 
+@functools.cache
+def relay_program_path() -> Path:
+    """bakery-relay compiled for this host (the program an image build copies in)."""
+    from bakery.host.relay import relay_program
+
+    program = relay_program()
+    assert program is not None, "bakery-relay is built for x86_64 and aarch64 hosts"
+    return program
+
+
 def worker_env_for(
     backend: str, worker_python: Path, state: Path, port: int, report_url: str, **overrides: str | None
 ) -> dict[str, str]:
@@ -286,6 +297,7 @@ def worker_env_for(
         "BENCHMARK_RUNS": "1",
         "BENCHMARK_CONCURRENCY": "1",
         "BENCHMARK_MAX_TOKENS": "8",
+        "BAKERY_RELAY_PROGRAM": str(relay_program_path()),  # as an image has it (bakery.host.relay)
     })
     for key, value in overrides.items():
         if value is None:

@@ -39,6 +39,7 @@ from workers.openai import (
     forward,
     guards,
     late_errors,
+    native_relay,
     own_handler,
     queue_wait,
     references,
@@ -77,6 +78,7 @@ SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
 LOG_REQUESTS_VAR = "BAKERY_LOG_REQUESTS"
 EVENT_LOOP_VAR = "BAKERY_EVENT_LOOP"
 FRONT_VAR = "BAKERY_FRONT"
+RELAY_VAR = "BAKERY_RELAY"
 FRONTS = ("wire", "aiohttp")
 _REQUEST_ID = r"Request \d+(?: in Session \d+)?"
 PER_REQUEST_LINE = re.compile(
@@ -155,6 +157,8 @@ class Settings:
     log_requests: bool = False
     loop_choice: str = event_loop.DEFAULT  # BAKERY_EVENT_LOOP: the loop the worker runs on (event_loop.py)
     front: str = FRONTS[0]  # BAKERY_FRONT: wire.py reads port 3000's connections first, or aiohttp.web alone
+    relay: str = native_relay.DEFAULT  # BAKERY_RELAY: bakery-relay moves streamed bodies, or Python does
+    relay_program: str | None = None  # BAKERY_RELAY_PROGRAM
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
     routes: routes.RouteSettings = field(
@@ -313,6 +317,11 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     if front not in FRONTS:
         warnings.append(f"{FRONT_VAR}={env.get(FRONT_VAR)!r} is not one of {', '.join(FRONTS)}; using {FRONTS[0]}")
         front = FRONTS[0]
+    relay = (_value(env, RELAY_VAR) or native_relay.DEFAULT).strip().lower()
+    if relay not in native_relay.CHOICES:
+        warnings.append(f"{RELAY_VAR}={env.get(RELAY_VAR)!r} is not one of {', '.join(native_relay.CHOICES)}; "
+                        f"using {native_relay.DEFAULT}")
+        relay = native_relay.DEFAULT
     return Settings(
         engine=defaults.engine,
         backend=(_value(env, "BACKEND") or defaults.engine).strip(),
@@ -344,6 +353,8 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         log_requests=env_bool(env, LOG_REQUESTS_VAR, False, warnings),
         loop_choice=loop_choice,
         front=front,
+        relay=relay,
+        relay_program=_value(env, "BAKERY_RELAY_PROGRAM"),
         unsecured=unsecured,
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
@@ -938,6 +949,12 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if loop_warning:
         _warn(loop_warning)
     _say(f"bakery-worker: event loop: {loop_name}")
+    relay_name, relay_warning = native_relay.install(settings.relay, settings.relay_program)
+    if relay_warning:
+        _warn(relay_warning)
+    _say(f"bakery-worker: streamed bodies after their head: {relay_name}")
+    if native_relay.ACTIVE is not None and ctx.drain is not None:
+        ctx.drain.notes.append(native_relay.ACTIVE.describe)  # said when the drain begins
     try:
         worker.run()
     finally:

@@ -116,6 +116,11 @@ class Answer:
         return self._closed
 
     @property
+    def idle_timeout(self) -> float:
+        """Seconds without an engine byte that end the answer (0: no limit)."""
+        return self._idle
+
+    @property
     def ended(self) -> bool:
         """The body's end was read, or the answer failed."""
         return self._ended
@@ -224,6 +229,45 @@ class Answer:
 
     def detach(self) -> None:
         self._sink = self._raw_sink = None
+
+    def lendable(self) -> int | None:
+        """The engine socket's descriptor when the rest of this body may be read by bakery-relay: a
+        chunked body not yet ended, nothing kept, its framing at a chunk boundary; else None."""
+        if (self._ended or self._framing != "chunked" or self._pending or self._left or self._crlf
+                or self._line or self._trailer or self.conn.transport is None):
+            return None
+        from workers.openai import native_relay
+
+        return native_relay.socket_fd(self.conn.transport)
+
+    def lend(self) -> None:
+        """bakery-relay reads the engine from now on: no reads here, no idle timer (it keeps its own)."""
+        self._stop_timer()
+        if self.conn.transport is not None:
+            self.conn.transport.pause_reading()
+
+    def take_back(self, outcome: int) -> None:
+        """bakery-relay's outcome (native_relay's values) as this answer's end or failure."""
+        from workers.openai import native_relay as native
+
+        if self._ended:
+            return
+        if outcome in (native.END, native.END_EXTRA):
+            self._framing = "done"
+            if outcome == native.END_EXTRA:
+                self.keep_alive = False  # bytes nobody asked for: the connection is not reused
+            elif self.conn.transport is not None:
+                self.conn.transport.resume_reading()
+            self._end()
+        elif outcome == native.IDLE:
+            self._fail(asyncio.TimeoutError())
+        elif outcome == native.CLIENT_GONE:
+            self.close()
+        else:
+            reason = {native.ENGINE_EOF: "the engine closed the connection mid-answer (EOF)",
+                      native.MALFORMED: "the engine's chunked answer is malformed"}.get(
+                outcome, f"bakery-relay ended the stream (outcome {outcome})")
+            self._fail(EngineError(reason))
 
     # -- internals
 
@@ -469,6 +513,8 @@ async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
     """Write the answer's body to the client's `transport` from the engine connection's callbacks,
     piece by piece as it arrives (chunk-framed when `chunked`; whole engine chunks as they came),
     reading the engine no faster than the client takes it; returns at the body's end."""
+    if chunked and await _relay_native(transport, answer):
+        return
     loop = asyncio.get_running_loop()
     paused: list[bool] = [False]
 
@@ -508,6 +554,34 @@ async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
         await answer.finished
     finally:
         answer.detach()
+
+
+async def _relay_native(transport: Any, answer: Answer) -> bool:
+    """The rest of the body through bakery-relay (native_relay.py) when it can take it; False when
+    not handed (then the caller relays it). Returns at the body's end, raising as relay() would."""
+    from workers.openai import native_relay
+
+    helper = native_relay.ACTIVE
+    if helper is None or helper.dead:
+        return False
+    engine_fd = answer.lendable()
+    client_fd = native_relay.socket_fd(transport)
+    if engine_fd is None or client_fd is None or transport.get_write_buffer_size():
+        return False
+    handed = helper.start(client_fd, engine_fd, answer.idle_timeout)
+    if handed is None:
+        return False
+    ident, outcome = handed
+    answer.lend()
+    try:
+        result, _moved = await outcome
+    except asyncio.CancelledError:  # the request ended first (the client went away): no more writes
+        helper.abort(ident)
+        answer.close()
+        raise
+    answer.take_back(result)
+    await answer.finished
+    return True
 
 
 async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:

@@ -1,0 +1,50 @@
+"""bakery-relay, the worker's streamed-body relay in C (worker/relay/bakery_relay.c), compiled here.
+
+An image build copies it into the worker (worker/relay/bakery-relay in the build context; the worker's
+native_relay.py starts it). It is linked statically, so it runs on any base whatever its C library,
+and cached by the hash of its source and of the compiler's version. Built only for the host's own
+architecture (no cross compiler is assumed): a build context for another platform holds no program,
+and that image's worker relays streamed bodies in Python (it says so when it starts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform as host_platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from bakery.errors import BuildError
+from bakery.paths import WORKER_DIR, cache_path
+
+SOURCE = WORKER_DIR / "relay" / "bakery_relay.c"
+PROGRAM = "bakery-relay"
+_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+
+def relay_program(platform: str = "linux/amd64") -> Path | None:
+    """The compiled bakery-relay for `platform` (cached); None when `platform` is not the host's own.
+    BuildError, naming the fix, when no C compiler or no static C library is installed."""
+    if _MACHINE.get(platform) != host_platform.machine():
+        return None
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise BuildError(f"no C compiler (cc) to build {SOURCE.name}: install gcc and libc6-dev "
+                         "(scripts/setup-host does)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
+    binary = cache_path("build", f"relay-{key}", PROGRAM)
+    if binary.exists():
+        return binary
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_name(f"{PROGRAM}.{os.getpid()}.partial")  # test processes may race
+    done = subprocess.run([compiler, "-O2", "-Wall", "-static", "-o", str(partial), str(SOURCE)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BuildError(f"{SOURCE.name} did not compile ({last}): install gcc and libc6-dev "
+                         "(scripts/setup-host does)")
+    partial.replace(binary)
+    return binary

@@ -1,0 +1,197 @@
+"""bakery-relay (worker/relay/bakery_relay.c) on its own: the bytes a client gets and the outcome the
+worker is told, for every way a streamed body can end, and at every cut of the engine's bytes.
+
+The program is driven as native_relay.py drives it (a SOCK_SEQPACKET control socket, the two sockets
+passed with SCM_RIGHTS); the engine and the client are this test's ends of two socket pairs. The
+worker on both relays is held to the same answers in test_native_relay_worker.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.worker.helpers import relay_program_path
+
+START, ABORT, DONE = struct.Struct("<cII"), struct.Struct("<cI"), struct.Struct("<IIQ")
+END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
+
+
+class Helper:
+    def __init__(self, program: Path) -> None:
+        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([str(program), str(theirs.fileno())], pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.ctl.settimeout(10)
+        self.next_id = 0
+
+    def stream(self, idle_ms: int = 0,
+               keep: list[socket.socket] | None = None) -> tuple[int, socket.socket, socket.socket]:
+        """(id, engine end, client end) of a new stream handed to the helper; `keep` gets the worker's
+        own end of the engine connection (else it is closed, as if the worker had dropped it)."""
+        engine_ours, engine_theirs = socket.socketpair()
+        client_ours, client_theirs = socket.socketpair()
+        self.next_id += 1
+        socket.send_fds(self.ctl, [START.pack(b"S", self.next_id, idle_ms)],
+                        [client_theirs.fileno(), engine_theirs.fileno()])
+        if keep is None:
+            engine_theirs.close()
+        else:
+            keep.append(engine_theirs)
+        client_theirs.close()
+        engine_ours.settimeout(10)
+        client_ours.settimeout(10)
+        return self.next_id, engine_ours, client_ours
+
+    def done(self) -> tuple[int, int, int]:
+        return DONE.unpack(self.ctl.recv(64))
+
+    def close(self) -> None:
+        self.ctl.close()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def helper() -> Iterator[Helper]:
+    made = Helper(relay_program_path())
+    yield made
+    made.close()
+    assert made.proc.returncode == 0  # it exits by itself when the worker's end closes
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+EVENTS = [b'data: {"id": %d, "text": "tok"}\n\n' % i for i in range(5)]
+BODY = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS)
+
+
+def test_whole_chunks_pass_as_they_came_and_the_last_chunk_is_left_to_the_worker(helper: Helper) -> None:
+    kept: list[socket.socket] = []
+    ident, engine, client = helper.stream(keep=kept)
+    engine.sendall(BODY + b"0\r\n\r\n")
+    assert helper.done() == (ident, END, sum(map(len, EVENTS)))
+    assert read_until_closed(client) == BODY  # no last chunk: the worker writes it
+    engine.sendall(b"HTTP/1.1 200 OK\r\n")  # the next answer: the connection is the worker's again
+    kept[0].settimeout(10)
+    assert kept[0].recv(64) == b"HTTP/1.1 200 OK\r\n"
+
+
+@pytest.mark.parametrize("cut", range(1, len(BODY) + 6, 3))
+def test_every_cut_of_the_engine_bytes_gives_the_same_body(helper: Helper, cut: int) -> None:
+    ident, engine, client = helper.stream()
+    data = BODY + b"0\r\n\r\n"
+    engine.sendall(data[:cut])
+    time.sleep(0.01)  # two reads for the helper
+    engine.sendall(data[cut:])
+    assert helper.done() == (ident, END, sum(map(len, EVENTS)))
+    assert read_until_closed(client) == BODY
+
+
+def test_an_extension_or_trailer_is_not_passed_on(helper: Helper) -> None:
+    ident, engine, client = helper.stream()
+    engine.sendall(b"5;name=x\r\nhello\r\n 3 \r\nabc\r\n0\r\nTrailer: x\r\n\r\n")
+    assert helper.done() == (ident, END, 8)
+    assert read_until_closed(client) == b"5\r\nhello\r\n3\r\nabc\r\n"
+
+
+def test_bytes_after_the_answer_are_reported(helper: Helper) -> None:
+    ident, engine, client = helper.stream()
+    engine.sendall(b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n")
+    assert helper.done() == (ident, END_EXTRA, 3)
+    assert read_until_closed(client) == b"3\r\nabc\r\n"
+
+
+def test_an_engine_closing_mid_body_is_reported_after_what_came(helper: Helper) -> None:
+    ident, engine, client = helper.stream()
+    engine.sendall(b"3\r\nabc\r\n5\r\nhe")
+    engine.close()
+    assert helper.done() == (ident, ENGINE_EOF, 5)
+    assert read_until_closed(client) == b"3\r\nabc\r\n5\r\nhe"
+
+
+@pytest.mark.parametrize("broken", [b"zz\r\nabc\r\n", b"3\r\nabcXY", b"1234567890abcdef0\r\n", b"9" * 5000])
+def test_a_broken_framing_is_reported(helper: Helper, broken: bytes) -> None:
+    ident, engine, client = helper.stream()
+    engine.sendall(broken)
+    outcome = helper.done()
+    assert outcome[:2] == (ident, MALFORMED)
+    client.settimeout(10)
+    assert b"XY" not in read_until_closed(client)
+
+
+def test_an_idle_engine_ends_the_stream(helper: Helper) -> None:
+    ident, engine, client = helper.stream(idle_ms=300)
+    engine.sendall(b"3\r\nabc\r\n")
+    started = time.monotonic()
+    assert helper.done() == (ident, IDLE, 3)
+    assert 0.2 < time.monotonic() - started < 5
+    assert read_until_closed(client) == b"3\r\nabc\r\n"
+
+
+def test_a_client_gone_is_reported(helper: Helper) -> None:
+    ident, engine, client = helper.stream()
+    client.close()
+    engine.sendall(b"3\r\nabc\r\n")
+    assert helper.done() == (ident, CLIENT_GONE, 3)
+
+
+def test_an_abort_ends_a_stream_and_others_go_on(helper: Helper) -> None:
+    first, _engine1, client1 = helper.stream()
+    second, engine2, client2 = helper.stream()
+    helper.ctl.send(ABORT.pack(b"A", first))
+    assert helper.done() == (first, ABORTED, 0)
+    assert read_until_closed(client1) == b""
+    engine2.sendall(b"3\r\nabc\r\n0\r\n\r\n")
+    assert helper.done() == (second, END, 3)
+    assert read_until_closed(client2) == b"3\r\nabc\r\n"
+
+
+def test_a_slow_client_holds_the_engine_back_and_loses_nothing(helper: Helper) -> None:
+    ident, engine, client = helper.stream()
+    piece = b"x" * 60000
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    sent = 0
+    engine.setblocking(False)
+    # The client reads nothing: the helper must stop reading the engine, so the engine's sends block.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            sent += engine.send(chunk * 4)
+        except BlockingIOError:
+            break
+    assert time.monotonic() < deadline, "the engine was read without bound while the client took nothing"
+    engine.setblocking(True)
+    engine.settimeout(10)
+    total = sent
+    # Finish whatever partial send happened with the rest of a chunk stream, then the end.
+    whole = (chunk * 4 * (sent // len(chunk * 4) + 1))[sent:]
+    engine_rest = whole + b"0\r\n\r\n"
+    writer = threading.Thread(target=engine.sendall, args=(engine_rest,))
+    writer.start()
+    received = read_until_closed(client)
+    writer.join(10)
+    outcome = helper.done()
+    assert outcome[:2] == (ident, END)
+    assert received == (chunk * 4 * (sent // len(chunk * 4) + 1))
+    assert total > 0
+
+
+def test_a_bad_message_is_refused_and_closes_what_it_carried(helper: Helper) -> None:
+    ours, theirs = socket.socketpair()
+    socket.send_fds(helper.ctl, [b"S"], [theirs.fileno()])
+    theirs.close()
+    assert helper.done()[1] == REFUSED
+    ours.settimeout(10)
+    assert ours.recv(1) == b""  # its descriptor was closed there

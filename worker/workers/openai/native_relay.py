@@ -1,0 +1,155 @@
+"""The streamed body's relay in C: bakery-relay (worker/relay/bakery_relay.c) moves it after the head.
+
+Why (issue 24): with one engine read and one client write per event left, the worker's cost per
+streamed event was the kernel's recv and send (~12-13 us on the AMD EPYC host) plus uvloop's and
+bakery's Python around them (~5-7 us). The helper does the same two system calls from an epoll loop
+in C, so a stream's events cost no Python at all; the worker hands it a stream once the answer's
+head and first events are written, and takes the engine connection back at the body's end.
+
+What is handed: a chunked engine answer with its framing at a chunk boundary, to a plain (not TLS)
+client transport that has nothing unsent, both with a socket. Anything else, a helper that is not
+there or has died, or a start message the socket cannot take at once, is relayed in Python
+(forward.relay) exactly as before. The outcome of a handed stream becomes the engine answer's own
+end or failure (forward.Answer.take_back), so the SDK's accounting, the guards' timeouts' 504s,
+engine_close and the drain see what they see of a Python relay. BAKERY_RELAY=python keeps every
+stream in Python; BAKERY_RELAY_PROGRAM names the helper (default: worker/relay/bakery-relay beside
+this package, where an image build puts it).
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+NATIVE, PYTHON = "native", "python"
+CHOICES = (NATIVE, PYTHON)
+DEFAULT = NATIVE
+DEFAULT_PROGRAM = Path(__file__).resolve().parents[2] / "relay" / "bakery-relay"
+# Outcomes of bakery_relay.c (its OUT_* values).
+END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
+_START = struct.Struct("<cII")
+_DONE = struct.Struct("<IIQ")
+log = logging.getLogger("bakery.relay")
+
+ACTIVE: Relay | None = None  # the worker's helper, once started (forward.relay reads it)
+
+
+class Relay:
+    """One bakery-relay process and the streams handed to it."""
+
+    def __init__(self, program: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen([str(program), str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                        stdin=subprocess.DEVNULL, close_fds=True)
+        theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.ids = itertools.count(1)
+        self.waiting: dict[int, asyncio.Future[tuple[int, int]]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.dead = False
+        self.handed = 0
+
+    def describe(self) -> str:
+        return f"bakery-worker: relay: {self.handed} stream(s) relayed by bakery-relay (pid {self.process.pid})"
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        loop.add_reader(self.sock.fileno(), self._replies)
+
+    def _replies(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(64)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._died()
+                return
+            if len(data) != _DONE.size:
+                continue
+            ident, outcome, moved = _DONE.unpack(data)
+            future = self.waiting.pop(ident, None)
+            if future is not None and not future.done():
+                future.set_result((outcome, moved))
+
+    def _died(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        if self.loop is not None:
+            self.loop.remove_reader(self.sock.fileno())
+        log.warning("bakery-worker: warning: bakery-relay (pid %s) is gone: %d stream(s) in it end, the next "
+                    "are relayed in Python", self.process.pid, len(self.waiting))
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_result((ENGINE_ERR, 0))
+        self.waiting.clear()
+
+    def start(self, client_fd: int, engine_fd: int, idle: float) -> tuple[int, asyncio.Future[tuple[int, int]]] | None:
+        """Hand one stream over; (id, the future of its (outcome, bytes)) or None if not taken."""
+        if self.dead:
+            return None
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            self._watch(loop)
+        ident = next(self.ids) & 0xFFFFFFFF
+        idle_ms = min(int(idle * 1000), 0xFFFFFFFF) if idle else 0
+        try:
+            socket.send_fds(self.sock, [_START.pack(b"S", ident, idle_ms)], [client_fd, engine_fd])
+        except BlockingIOError:
+            return None
+        except OSError:
+            self._died()
+            return None
+        future: asyncio.Future[tuple[int, int]] = loop.create_future()
+        self.waiting[ident] = future
+        self.handed += 1
+        return ident, future
+
+    def abort(self, ident: int) -> None:
+        """End a handed stream (its request ended first): the helper writes no more of it."""
+        self.waiting.pop(ident, None)
+        if not self.dead:
+            with contextlib.suppress(OSError):
+                self.sock.send(struct.pack("<cI", b"A", ident))
+
+    def close(self) -> None:
+        self.sock.close()  # the helper exits when its end reads EOF
+
+
+def socket_fd(transport: Any) -> int | None:
+    """The file descriptor of a plain TCP transport's socket; None for TLS or no socket."""
+    if transport is None or transport.is_closing() or transport.get_extra_info("ssl_object") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    return fd if fd >= 0 else None
+
+
+def install(choice: str, program: str | None) -> tuple[str, str | None]:
+    """Start the helper when `choice` is native; (what relays streams, a warning or None)."""
+    global ACTIVE  # noqa: PLW0603 - one helper per worker process, read by forward.relay
+    if choice != NATIVE:
+        return "Python (BAKERY_RELAY=python)", None
+    path = Path(program) if program else DEFAULT_PROGRAM
+    if not os.access(path, os.X_OK):
+        return "Python", (f"no bakery-relay program at {path} (BAKERY_RELAY_PROGRAM): streamed bodies are "
+                          "relayed in Python")
+    try:
+        ACTIVE = Relay(path)
+    except OSError as exc:
+        return "Python", f"bakery-relay at {path} did not start ({exc}): streamed bodies are relayed in Python"
+    return f"bakery-relay ({path}, pid {ACTIVE.process.pid})", None
