@@ -77,7 +77,8 @@ def main() -> None:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                stall = float(words[3]) if len(words) > 3 else 0.0  # once, after the first part
+                # S, once after the first part; a word that is no number is padding (test_admission's BIG prompts)
+                stall = float(words[3]) if len(words) > 3 and words[3].replace(".", "", 1).isdigit() else 0.0
                 for i in range(count):
                     time.sleep(delay if i != 1 else stall or delay)
                     chunk = f"data: {json.dumps({'choices': [{'text': f'part{i} '}]})}\n\n".encode()

@@ -162,30 +162,29 @@ def test_a_slow_client_holds_the_engine_back_and_loses_nothing(helper: Helper) -
     ident, engine, client = helper.stream()
     piece = b"x" * 60000
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    unit = chunk * 4
     sent = 0
     engine.setblocking(False)
     # The client reads nothing: the helper must stop reading the engine, so the engine's sends block.
+    # A send may take part of what it is given: each one goes on where the last one stopped.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            sent += engine.send(chunk * 4)
+            sent += engine.send(unit[sent % len(unit):] + unit)
         except BlockingIOError:
             break
     assert time.monotonic() < deadline, "the engine was read without bound while the client took nothing"
     engine.setblocking(True)
     engine.settimeout(10)
-    total = sent
-    # Finish whatever partial send happened with the rest of a chunk stream, then the end.
-    whole = (chunk * 4 * (sent // len(chunk * 4) + 1))[sent:]
-    engine_rest = whole + b"0\r\n\r\n"
-    writer = threading.Thread(target=engine.sendall, args=(engine_rest,))
+    # The rest of the unit the last send stopped in, then the body's end.
+    writer = threading.Thread(target=engine.sendall, args=(unit[sent % len(unit):] + b"0\r\n\r\n",))
     writer.start()
     received = read_until_closed(client)
     writer.join(10)
     outcome = helper.done()
     assert outcome[:2] == (ident, END)
-    assert received == (chunk * 4 * (sent // len(chunk * 4) + 1))
-    assert total > 0
+    assert sent > 0
+    assert received == unit * (sent // len(unit) + 1)
 
 
 def test_a_bad_message_is_refused_and_closes_what_it_carried(helper: Helper) -> None:
