@@ -33,7 +33,8 @@ The image's own engine still starts and writes the ready line the worker waits f
 is Python and takes most of the two cores at 256 streams, so the worker's CPU is taken from it and
 the ratio reads the stand-in's ceiling. `--event-loop` launches the worker with that
 BAKERY_EVENT_LOOP (uvloop is its default; asyncio to compare), `--front` with that BAKERY_FRONT
-(wire is its default; aiohttp to compare).
+(wire is its default; aiohttp to compare), `--relay` with that BAKERY_RELAY (native is its default;
+python to compare).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from serving_bench import (  # noqa: E402
     requests_round,
     say,
     stream_counts,
+    worker_knobs,
 )
 
 from tests.image import launch as gate  # noqa: E402
@@ -105,6 +107,8 @@ def arguments() -> argparse.Namespace:
                         help="the worker's BAKERY_EVENT_LOOP, set at launch as a template may (default: unset)")
     parser.add_argument("--front", choices=("wire", "aiohttp"), default=None,
                         help="the worker's BAKERY_FRONT, set at launch as a template may (default: unset, wire)")
+    parser.add_argument("--relay", choices=("native", "python"), default=None,
+                        help="the worker's BAKERY_RELAY, set at launch as a template may (default: unset, native)")
     return parser.parse_args()
 
 
@@ -266,11 +270,9 @@ def main() -> int:
     client = docker.from_env()
     env = gate.serverless_env(spec, **STANDIN)
     model = gate.gate_model(spec) or "standin-model"
-    if args.event_loop is not None:
-        env["BAKERY_EVENT_LOOP"] = args.event_loop
-    if args.front is not None:
-        env["BAKERY_FRONT"] = args.front
-    say(f"the worker's event loop: {args.event_loop or 'its default'}; its front: {args.front or 'its default'}")
+    knobs = worker_knobs(args)
+    env.update(knobs)
+    say(f"the worker's settings: {' '.join(f'{k}={v}' for k, v in knobs.items()) or 'its defaults'}")
     c_engine = None
     if args.scale_engine == "c":
         with tempfile.TemporaryDirectory(prefix="bk-scale-image-") as tmp:

@@ -41,7 +41,8 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   two cores by itself at 256 streams, so the worker's CPU is taken from the engine and hides in its
   slowness; the C engine leaves the cores to the worker, as a GPU engine does. `--event-loop` sets
   the worker's BAKERY_EVENT_LOOP (uvloop, its default, or asyncio) for this part, `--front` its
-  BAKERY_FRONT (wire, its default, or aiohttp).
+  BAKERY_FRONT (wire, its default, or aiohttp), `--relay` its BAKERY_RELAY (native, its default:
+  bakery-relay moves a streamed body after its head; or python).
 
 Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
 once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
@@ -595,17 +596,21 @@ def requests_round(pid: int, load: Callable[[], dict],
     return result, ms, idle, watch
 
 
+def worker_knobs(args: argparse.Namespace) -> dict[str, str]:
+    """The worker variables `--event-loop`, `--front` and `--relay` set (unset: the worker's defaults)."""
+    chosen = {"BAKERY_EVENT_LOOP": args.event_loop, "BAKERY_FRONT": args.front, "BAKERY_RELAY": args.relay}
+    return {name: value for name, value in chosen.items() if value is not None}
+
+
 def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str,
-               engine_kind: str = "c", event_loop: str | None = None, front: str | None = None) -> None:
+               engine_kind: str = "c", knobs: dict[str, str] | None = None) -> None:
     """N streams at once, direct and through the worker (see the module docstring, "scale")."""
     with Harness(tmp, worker_python, pubkey) as harness:
         # 64 tokens at 20 ms per token from either engine.
         engine = engine_floor(harness, tmp, MODEL) if engine_kind == "c" else harness.standin("vllm", **SCALE_STANDIN)
+        loop_env = dict(knobs or {})
         say(f"  engine: {'bench/engine_floor.c' if engine_kind == 'c' else 'the vLLM stand-in'}; the worker's "
-            f"event loop: {event_loop or 'its default'}; its front: {front or 'its default'}")
-        loop_env = {} if event_loop is None else {"BAKERY_EVENT_LOOP": event_loop}
-        if front is not None:
-            loop_env["BAKERY_FRONT"] = front
+            f"settings: {' '.join(f'{k}={v}' for k, v in loop_env.items()) or 'its defaults'}")
         payload = {"model": MODEL, "prompt": "scale", "stream": True}
         single = {"model": MODEL, "prompt": "scale", "stream": False, "max_tokens": 1}
         for n in counts:
@@ -712,6 +717,8 @@ def main() -> int:
                         help="scale: the worker's BAKERY_EVENT_LOOP (default: unset, the worker's default)")
     parser.add_argument("--front", choices=("wire", "aiohttp"), default=None,
                         help="scale: the worker's BAKERY_FRONT (default: unset, the worker's default: wire)")
+    parser.add_argument("--relay", choices=("native", "python"), default=None,
+                        help="scale: the worker's BAKERY_RELAY (default: unset, the worker's default: native)")
     parser.add_argument("--worker-python", default=None,
                         help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
@@ -754,7 +761,7 @@ def main() -> int:
                 part_routable(runs, worker_python, routable_engines)
             elif part == "scale":
                 part_scale(tmp, counts, args.runs or 3, args.scale_timeout, worker_python, pubkey,
-                           args.scale_engine, args.event_loop, args.front)
+                           args.scale_engine, worker_knobs(args))
             elif part in ("drain", "report"):
                 part_drain(tmp, args.drain_stops if part == "drain" else 5, worker_python, pubkey,
                            report="report" in parts)
