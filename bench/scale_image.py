@@ -63,6 +63,7 @@ from serving_bench import (  # noqa: E402
     cpu_idle,
     cpu_model,
     p50,
+    relay_line,
     requests_round,
     say,
     stream_counts,
@@ -295,7 +296,7 @@ def main() -> int:
             signature = launched.controlplane_cli("sign", url).strip()
             worker = host_pid(launched.container, int(launched.file_text(f"{gate.RUN_DIR}/worker.pid").strip()))
             say(f"{args.engine} image {image[:19]}: a fresh container, ready; worker pid {worker} (host), "
-                f"signing for {url}")
+                f"signing for {url}; {relay_line(launched.logs())}")
             scale_n(launched, worker, (url, signature), n, args.runs, args.scale_timeout, model, 1000,
                     C_ENGINE_PORT if c_engine is not None else ENGINE_PORT)
         finally:

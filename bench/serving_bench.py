@@ -596,6 +596,12 @@ def requests_round(pid: int, load: Callable[[], dict],
     return result, ms, idle, watch
 
 
+def relay_line(log: str) -> str:
+    """The worker's start line that says what moves its streamed bodies (native_relay.py)."""
+    said = [line for line in log.splitlines() if "streamed bodies after their head:" in line]
+    return said[-1].strip() if said else "the worker did not say what relays its streams"
+
+
 def worker_knobs(args: argparse.Namespace) -> dict[str, str]:
     """The worker variables `--event-loop`, `--front` and `--relay` set (unset: the worker's defaults)."""
     chosen = {"BAKERY_EVENT_LOOP": args.event_loop, "BAKERY_FRONT": args.front, "BAKERY_RELAY": args.relay}
@@ -627,7 +633,7 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
     """The rounds of one N against `engine`, direct and through `served`."""
     worker_pid = served.worker.popen.pid  # start_server.sh execs python: the tree is usually this pid
     say(f"  {n} streams: 20 ms per token, 64 tokens; a fresh worker, its processes "
-        f"{process_tree(worker_pid)}")
+        f"{process_tree(worker_pid)}; {relay_line(served.worker.output.read_text())}")
     idx = 1
     rows: dict[str, list[float]] = {key: [] for key in (
         "direct_eps", "worker_eps", "ratio", "added_p50", "added_p95", "us_event", "kib_stream", "ms_req",
