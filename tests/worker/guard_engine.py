@@ -8,6 +8,7 @@ gets depends on its prompt (or last message):
 - `hang`: the engine accepts the request and never answers (held 120 s at most);
 - `trickle N D [S]`: a streamed answer of N chunks, one every D seconds (S seconds before the second);
 - `slowbody D`: the answer's headers at once, then D seconds of silence before its body;
+- `cut`: a streamed answer's headers, then the connection closed before any of its body;
 - `health N`: from then on /health answers status N (the engine still serves requests);
 - anything else: at once, a completion whose text is `echo:<prompt>`.
 Every request is counted in FILE as `served <route> <prompt>` so tests can see what reached it.
@@ -70,6 +71,14 @@ def main() -> None:
                 health["status"] = int(words[1])
             if words[:1] == ["hang"]:
                 time.sleep(HOLD_LIMIT)
+                return
+            if words[:1] == ["cut"]:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.flush()
+                self.close_connection = True
                 return
             if words[:1] == ["trickle"]:
                 count, delay = int(words[1]), float(words[2])

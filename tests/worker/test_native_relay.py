@@ -20,7 +20,8 @@ import pytest
 
 from tests.worker.helpers import relay_program_path
 
-START, ABORT, DONE = struct.Struct("<cII"), struct.Struct("<cI"), struct.Struct("<IIQ")
+START, ABORT, DONE = struct.Struct("<cII"), struct.Struct("<cI"), struct.Struct("<IHHQ")
+HEAD_WRITTEN, HEAD_MAX = 1, 16384
 END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
 
 
@@ -31,15 +32,17 @@ class Helper:
         theirs.close()
         self.ctl.settimeout(10)
         self.next_id = 0
+        self.flags = -1  # of the last done message
 
-    def stream(self, idle_ms: int = 0,
-               keep: list[socket.socket] | None = None) -> tuple[int, socket.socket, socket.socket]:
-        """(id, engine end, client end) of a new stream handed to the helper; `keep` gets the worker's
-        own end of the engine connection (else it is closed, as if the worker had dropped it)."""
+    def stream(self, idle_ms: int = 0, keep: list[socket.socket] | None = None,
+               head: bytes = b"") -> tuple[int, socket.socket, socket.socket]:
+        """(id, engine end, client end) of a new stream handed to the helper, with the answer's `head`
+        for it to write first; `keep` gets the worker's own end of the engine connection (else it is
+        closed, as if the worker had dropped it)."""
         engine_ours, engine_theirs = socket.socketpair()
         client_ours, client_theirs = socket.socketpair()
         self.next_id += 1
-        socket.send_fds(self.ctl, [START.pack(b"S", self.next_id, idle_ms)],
+        socket.send_fds(self.ctl, [START.pack(b"S", self.next_id, idle_ms) + head],
                         [client_theirs.fileno(), engine_theirs.fileno()])
         if keep is None:
             engine_theirs.close()
@@ -51,7 +54,9 @@ class Helper:
         return self.next_id, engine_ours, client_ours
 
     def done(self) -> tuple[int, int, int]:
-        return DONE.unpack(self.ctl.recv(64))
+        """(id, outcome, body bytes) of the next done message; its flags are kept in `flags`."""
+        ident, outcome, self.flags, moved = DONE.unpack(self.ctl.recv(64))
+        return ident, outcome, moved
 
     def close(self) -> None:
         self.ctl.close()
@@ -194,3 +199,62 @@ def test_a_bad_message_is_refused_and_closes_what_it_carried(helper: Helper) -> 
     assert helper.done()[1] == REFUSED
     ours.settimeout(10)
     assert ours.recv(1) == b""  # its descriptor was closed there
+
+
+# --------------------------------------------------------------------------- a stream handed with its head
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 7, len(BODY) // 2, len(BODY) - 1])
+def test_a_head_goes_first_with_the_body_at_every_cut(helper: Helper, cut: int) -> None:
+    ident, engine, client = helper.stream(head=HEAD)
+    whole = BODY + b"0\r\n\r\n"
+    for piece in (whole[:cut], whole[cut:]):
+        if piece:
+            engine.sendall(piece)
+            time.sleep(0.01)
+    assert helper.done() == (ident, END, sum(len(e) for e in EVENTS))
+    assert helper.flags == HEAD_WRITTEN
+    assert read_until_closed(client) == HEAD + BODY
+
+
+def test_a_head_is_written_alone_at_an_empty_bodys_end(helper: Helper) -> None:
+    ident, engine, client = helper.stream(head=HEAD)
+    engine.sendall(b"0\r\n\r\n")
+    assert helper.done() == (ident, END, 0)
+    assert helper.flags == HEAD_WRITTEN
+    assert read_until_closed(client) == HEAD
+
+
+@pytest.mark.parametrize("failure", ["engine closes", "broken framing", "idle", "abort"])
+def test_a_body_failing_before_its_first_byte_leaves_the_head_unwritten(helper: Helper, failure: str) -> None:
+    """The worker then answers with an error itself: the client must not have had the head."""
+    ident, engine, client = helper.stream(head=HEAD, idle_ms=200 if failure == "idle" else 0)
+    if failure == "engine closes":
+        engine.close()
+    elif failure == "broken framing":
+        engine.sendall(b"zz\r\n" + BODY)
+    elif failure == "abort":
+        helper.ctl.send(ABORT.pack(b"A", ident))
+    expected = {"engine closes": ENGINE_EOF, "broken framing": MALFORMED, "idle": IDLE, "abort": ABORTED}
+    assert helper.done() == (ident, expected[failure], 0)
+    assert helper.flags == 0
+    assert read_until_closed(client) == b""
+
+
+def test_a_body_failing_after_its_head_went_is_cut_there(helper: Helper) -> None:
+    ident, engine, client = helper.stream(head=HEAD)
+    engine.sendall(BODY)
+    assert client.recv(len(HEAD)) == HEAD
+    engine.close()
+    assert helper.done() == (ident, ENGINE_EOF, sum(len(e) for e in EVENTS))
+    assert helper.flags == HEAD_WRITTEN
+    assert HEAD[len(HEAD):] + read_until_closed(client) == BODY
+
+
+def test_a_head_over_the_bound_is_refused(helper: Helper) -> None:
+    ident, engine, client = helper.stream(head=b"x" * (HEAD_MAX + 1))
+    assert helper.done() == (ident, REFUSED, 0)
+    assert read_until_closed(client) == b""  # both its descriptors were closed there
+    assert engine.recv(1) == b""

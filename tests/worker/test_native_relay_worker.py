@@ -87,6 +87,17 @@ def test_an_engine_silent_mid_stream_ends_it_at_the_idle_timeout(pair: Pair) -> 
         assert not native.endswith(b"<open>")  # closed: the client is told the answer broke
 
 
+@pytest.mark.parametrize("prompt", ["cut", "trickle 3 2.5"])
+def test_a_body_failing_before_its_first_byte_is_answered_as_python_answers_it(pair: Pair, prompt: str) -> None:
+    """The engine's head came, then it closed (`cut`) or went silent past the idle timeout before any
+    body byte: the client never had the head, so both workers answer with the same error."""
+    payload = {"prompt": prompt, "stream": True}
+    for idx in (50, 51):
+        native, python = both(pair, lambda s, i=idx: [head("/v1/completions", pair.body(s, payload, i))], wait=6.0)
+        assert answers(native) == answers(python)
+        assert answers(native)[0][0] == "HTTP/1.1 500 Internal Server Error", native
+
+
 def test_the_helper_moved_the_streams(pair: Pair) -> None:
     """Last: the native worker's drain line counts the streams bakery-relay moved: at least this
     test's own four, whichever of the tests above ran on this pair (xdist may split them)."""

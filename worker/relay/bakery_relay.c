@@ -6,9 +6,13 @@
  * recv and send. This helper does the same two system calls from one epoll loop in C.
  *
  * How: the worker (workers/openai/native_relay.py) starts it with one end of a SOCK_SEQPACKET
- * socketpair as its only argument. Once an answer's head and first events are written to the
- * client, the worker sends a start message with the client's and the engine's sockets (SCM_RIGHTS;
- * the kernel hands this process its own descriptors of them). From then on the helper reads the
+ * socketpair as its only argument. Once an answer's head is in (and whatever came with it written to
+ * the client), the worker sends a start message with the client's and the engine's sockets
+ * (SCM_RIGHTS; the kernel hands this process its own descriptors of them) and, when the client has
+ * not been written anything yet, the answer's head as the worker would write it: the helper writes
+ * that head with the body's first bytes in one send (or alone at an empty body's end), so a stream's
+ * first token waits for no turn of the worker's busy loop; if the body fails before any of it, the
+ * head is not written and the worker can still answer with an error. From then on the helper reads the
  * engine's chunked body and writes it to the client as it comes, the chunks' framing as the engine
  * wrote it (a size line with an extension is written without it), never holding an event back. It
  * stops at the body's last chunk (that chunk and any trailer are read, not written: the worker
@@ -25,8 +29,9 @@
  *
  *   bakery-relay CONTROL_FD
  *
- * Messages (little-endian, packed): start  'S' u32 id u32 idle_ms, with two descriptors (client,
- * engine); abort 'A' u32 id. Done: u32 id, u32 outcome, u64 body bytes (see the OUT_* values).
+ * Messages (little-endian, packed): start  'S' u32 id u32 idle_ms [head, up to HEAD_MAX bytes], with
+ * two descriptors (client, engine); abort 'A' u32 id. Done: u32 id, u16 outcome (the OUT_* values),
+ * u16 flags (DONE_HEAD_WRITTEN: the start's head reached the client), u64 body bytes.
  * Built statically (bakery/host/relay.py), so it runs on any base whatever its C library.
  */
 #define _GNU_SOURCE
@@ -55,10 +60,12 @@ enum {
 };
 
 enum { ST_LINE, ST_DATA, ST_CRLF, ST_TRAILER, ST_DONE };
+enum { DONE_HEAD_WRITTEN = 1 };
 
 #define READ_MAX 65536
 #define LINE_MAX_LEN 4096
 #define OUT_MAX (READ_MAX + LINE_MAX_LEN + 64)
+#define HEAD_MAX 16384 /* an answer head the worker hands over with a stream (its own bound is 8 KiB) */
 #define IDLE_SCAN_MS 100
 
 struct stream {
@@ -73,6 +80,9 @@ struct stream {
     char *pending;      /* bytes a client write did not take */
     size_t pending_len, pending_off;
     uint64_t bytes;     /* body data bytes moved */
+    char *head;         /* the answer's head, not yet written (NULL: none, or written) */
+    size_t head_len;
+    int head_written;
     uint32_t idle_ms;
     int64_t last_read;
     int ended_outcome;  /* the outcome to report once pending bytes are written, -1 while streaming */
@@ -88,10 +98,11 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void say_done(uint32_t id, uint32_t outcome, uint64_t bytes) {
+static void say_done(uint32_t id, uint16_t outcome, uint16_t flags, uint64_t bytes) {
     unsigned char msg[16];
     memcpy(msg, &id, 4);
-    memcpy(msg + 4, &outcome, 4);
+    memcpy(msg + 4, &outcome, 2);
+    memcpy(msg + 6, &flags, 2);
     memcpy(msg + 8, &bytes, 8);
     while (send(ctl, msg, sizeof msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
     }
@@ -104,8 +115,10 @@ static void finish(struct stream *s, int outcome) {
     close(s->cfd);
     free(s->pending);
     s->pending = NULL;
+    free(s->head);
+    s->head = NULL;
     s->used = 0;
-    say_done(s->id, (uint32_t)outcome, s->bytes);
+    say_done(s->id, (uint16_t)outcome, s->head_written ? DONE_HEAD_WRITTEN : 0, s->bytes);
 }
 
 static uint64_t tag(size_t slot, int client) { return ((uint64_t)slot << 1) | (uint64_t)client; }
@@ -231,8 +244,22 @@ static ssize_t parse(struct stream *s, const char *data, size_t len, char *out, 
     return (ssize_t)(len - pos);
 }
 
+/* The head still to be written, put right before out[0] (which has HEAD_MAX bytes of room before it):
+ * where the client's write starts. */
+static char *with_head(struct stream *s, char *out, size_t *out_len) {
+    if (s->head == NULL) return out;
+    char *start = out - s->head_len;
+    memcpy(start, s->head, s->head_len);
+    *out_len += s->head_len;
+    free(s->head);
+    s->head = NULL;
+    s->head_written = 1;
+    return start;
+}
+
 static void engine_readable(size_t slot) {
-    static char buf[READ_MAX], out[OUT_MAX];
+    static char buf[READ_MAX], room[HEAD_MAX + OUT_MAX];
+    char *out = room + HEAD_MAX;
     struct stream *s = &streams[slot];
     ssize_t got = recv(s->efd, buf, sizeof buf, MSG_DONTWAIT);
     if (got < 0) {
@@ -248,14 +275,18 @@ static void engine_readable(size_t slot) {
     size_t out_len = 0;
     ssize_t after = parse(s, buf, (size_t)got, out, &out_len);
     if (after < 0) {
-        /* What was whole before the break still goes: the client then sees the body cut. */
-        if (out_len) write_client(s, slot, out, out_len);
+        /* What was whole before the break still goes, once the head went: the client then sees the
+         * body cut. Before it, nothing goes: the worker answers with an error instead. */
+        if (out_len && s->head == NULL) write_client(s, slot, out, out_len);
         finish(s, OUT_MALFORMED);
         return;
     }
-    if (out_len && write_client(s, slot, out, out_len) < 0) {
-        finish(s, OUT_CLIENT_GONE);
-        return;
+    if (s->state == ST_DONE || out_len) {  /* an empty body's end writes the head alone */
+        char *start = with_head(s, out, &out_len);
+        if (out_len && write_client(s, slot, start, out_len) < 0) {
+            finish(s, OUT_CLIENT_GONE);
+            return;
+        }
     }
     if (s->state == ST_DONE) {
         int outcome = after > 0 ? OUT_END_EXTRA : OUT_END;
@@ -298,12 +329,12 @@ static size_t free_slot(void) {
 
 static void refuse(uint32_t id, int *fds, int nfds) {
     for (int i = 0; i < nfds; i++) close(fds[i]);
-    say_done(id, OUT_REFUSED, 0);
+    say_done(id, OUT_REFUSED, 0, 0);
 }
 
 /* One control message: 0, or -1 when the worker's end is closed. */
 static int control(void) {
-    unsigned char msg[16];
+    static unsigned char msg[9 + HEAD_MAX + 1];
     char cbuf[CMSG_SPACE(2 * sizeof(int))];
     struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
@@ -324,7 +355,7 @@ static int control(void) {
     }
     uint32_t id = 0;
     if (n >= 5) memcpy(&id, msg + 1, 4);
-    if (n == 9 && msg[0] == 'S' && nfds == 2 && !(mh.msg_flags & MSG_CTRUNC)) {
+    if (n >= 9 && n <= 9 + HEAD_MAX && msg[0] == 'S' && nfds == 2 && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
         size_t slot = free_slot();
         if (slot == (size_t)-1) { refuse(id, fds, nfds); return 0; }
         struct stream *s = &streams[slot];
@@ -336,9 +367,21 @@ static int control(void) {
         s->state = ST_LINE;
         s->ended_outcome = -1;
         memcpy(&s->idle_ms, msg + 5, 4);
+        if (n > 9) {
+            s->head = malloc((size_t)n - 9);
+            if (s->head == NULL) {
+                s->used = 0;
+                refuse(id, fds, nfds);
+                return 0;
+            }
+            memcpy(s->head, msg + 9, (size_t)n - 9);
+            s->head_len = (size_t)n - 9;
+        }
         s->last_read = now_ms();
         struct epoll_event in = {.events = EPOLLIN, .data.u64 = tag(slot, 0)};
         if (epoll_ctl(epfd, EPOLL_CTL_ADD, s->efd, &in) < 0) {
+            free(s->head);
+            s->head = NULL;
             s->used = 0;
             refuse(id, fds, nfds);
         }

@@ -513,7 +513,7 @@ async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
     """Write the answer's body to the client's `transport` from the engine connection's callbacks,
     piece by piece as it arrives (chunk-framed when `chunked`; whole engine chunks as they came),
     reading the engine no faster than the client takes it; returns at the body's end."""
-    if chunked and await _relay_native(transport, answer):
+    if chunked and await relay_native(transport, answer) is not None:
         return
     loop = asyncio.get_running_loop()
     paused: list[bool] = [False]
@@ -556,32 +556,38 @@ async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
         answer.detach()
 
 
-async def _relay_native(transport: Any, answer: Answer) -> bool:
-    """The rest of the body through bakery-relay (native_relay.py) when it can take it; False when
-    not handed (then the caller relays it). Returns at the body's end, raising as relay() would."""
+async def relay_native(transport: Any, answer: Answer, head: bytes = b"",
+                        head_went: Callable[[], None] | None = None) -> int | None:
+    """The rest of the body through bakery-relay (native_relay.py) when it can take it, with the
+    answer's `head` when the client has not had it (the helper writes it with the first body bytes;
+    `head_went` is called once it did); None when not handed (then the caller writes and relays it),
+    else the body bytes it moved. Returns at the body's end, raising as relay() would."""
     from workers.openai import native_relay
 
     helper = native_relay.ACTIVE
     if helper is None or helper.dead:
-        return False
+        return None
     engine_fd = answer.lendable()
     client_fd = native_relay.socket_fd(transport)
     if engine_fd is None or client_fd is None or transport.get_write_buffer_size():
-        return False
-    handed = helper.start(client_fd, engine_fd, answer.idle_timeout)
+        return None
+    handed = helper.start(client_fd, engine_fd, answer.idle_timeout, head)
     if handed is None:
-        return False
+        return None
     ident, outcome = handed
     answer.lend()
     try:
-        result, _moved = await outcome
+        result, flags, moved = await outcome
     except asyncio.CancelledError:  # the request ended first (the client went away): no more writes
         helper.abort(ident)
         answer.close()
         raise
+    if flags & native_relay.HEAD_WRITTEN and head_went is not None:
+        head_went()
     answer.take_back(result)
     await answer.finished
-    return True
+    return moved
+
 
 
 async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:

@@ -7,11 +7,14 @@ in C, so a stream's events cost no Python at all; the worker hands it a stream o
 head and first events are written, and takes the engine connection back at the body's end.
 
 What is handed: a chunked engine answer with its framing at a chunk boundary, to a plain (not TLS)
-client transport that has nothing unsent, both with a socket. Anything else, a helper that is not
-there or has died, or a start message the socket cannot take at once, is relayed in Python
-(forward.relay) exactly as before. The outcome of a handed stream becomes the engine answer's own
-end or failure (forward.Answer.take_back), so the SDK's accounting, the guards' timeouts' 504s,
-engine_close and the drain see what they see of a Python relay. BAKERY_RELAY=python keeps every
+client transport that has nothing unsent, both with a socket. The wire front hands a stream over as
+soon as its head is in, with the head it would write (`head`): the helper writes it with the body's
+first bytes, so at a burst a stream's first token waits for no turn of this loop, and a body that
+fails before any byte leaves the head unwritten (the outcome says so) for the worker's error answer.
+Anything else, a helper that is not there or has died, or a start message the socket cannot take at
+once, is relayed in Python (forward.relay) exactly as before. The outcome of a handed stream becomes
+the engine answer's own end or failure (forward.Answer.take_back), so the SDK's accounting, the
+guards' timeouts' 504s, engine_close and the drain see what they see of a Python relay. BAKERY_RELAY=python keeps every
 stream in Python; BAKERY_RELAY_PROGRAM names the helper (default: worker/relay/bakery-relay beside
 this package, where an image build puts it).
 
@@ -37,8 +40,10 @@ DEFAULT = NATIVE
 DEFAULT_PROGRAM = Path(__file__).resolve().parents[2] / "relay" / "bakery-relay"
 # Outcomes of bakery_relay.c (its OUT_* values).
 END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
-_START = struct.Struct("<cII")
-_DONE = struct.Struct("<IIQ")
+_START = struct.Struct("<cII")  # then the head, if any
+_DONE = struct.Struct("<IHHQ")  # id, outcome, flags, body bytes moved
+HEAD_WRITTEN = 1  # a done message's flag: the start's head reached the client
+HEAD_MAX = 16384  # bakery_relay.c's bound on a head handed with a stream
 log = logging.getLogger("bakery.relay")
 
 ACTIVE: Relay | None = None  # the worker's helper, once started (forward.relay reads it)
@@ -55,7 +60,7 @@ class Relay:
         ours.setblocking(False)
         self.sock = ours
         self.ids = itertools.count(1)
-        self.waiting: dict[int, asyncio.Future[tuple[int, int]]] = {}
+        self.waiting: dict[int, asyncio.Future[tuple[int, int, int]]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead = False
         self.handed = 0
@@ -80,10 +85,10 @@ class Relay:
                 return
             if len(data) != _DONE.size:
                 continue
-            ident, outcome, moved = _DONE.unpack(data)
+            ident, outcome, flags, moved = _DONE.unpack(data)
             future = self.waiting.pop(ident, None)
             if future is not None and not future.done():
-                future.set_result((outcome, moved))
+                future.set_result((outcome, flags, moved))
 
     def _died(self) -> None:
         if self.dead:
@@ -95,12 +100,14 @@ class Relay:
                     "are relayed in Python", self.process.pid, len(self.waiting))
         for future in self.waiting.values():
             if not future.done():
-                future.set_result((ENGINE_ERR, 0))
+                future.set_result((ENGINE_ERR, 0, 0))
         self.waiting.clear()
 
-    def start(self, client_fd: int, engine_fd: int, idle: float) -> tuple[int, asyncio.Future[tuple[int, int]]] | None:
-        """Hand one stream over; (id, the future of its (outcome, bytes)) or None if not taken."""
-        if self.dead:
+    def start(self, client_fd: int, engine_fd: int, idle: float,
+              head: bytes = b"") -> tuple[int, asyncio.Future[tuple[int, int, int]]] | None:
+        """Hand one stream over, with the answer's `head` when the client has not had it yet; (id, the
+        future of its (outcome, flags, body bytes)) or None if not taken."""
+        if self.dead or len(head) > HEAD_MAX:
             return None
         loop = asyncio.get_running_loop()
         if self.loop is not loop:
@@ -108,13 +115,13 @@ class Relay:
         ident = next(self.ids) & 0xFFFFFFFF
         idle_ms = min(int(idle * 1000), 0xFFFFFFFF) if idle else 0
         try:
-            socket.send_fds(self.sock, [_START.pack(b"S", ident, idle_ms)], [client_fd, engine_fd])
+            socket.send_fds(self.sock, [_START.pack(b"S", ident, idle_ms) + head], [client_fd, engine_fd])
         except BlockingIOError:
             return None
         except OSError:
             self._died()
             return None
-        future: asyncio.Future[tuple[int, int]] = loop.create_future()
+        future: asyncio.Future[tuple[int, int, int]] = loop.create_future()
         self.waiting[ident] = future
         self.handed += 1
         return ident, future
