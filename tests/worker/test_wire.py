@@ -12,6 +12,7 @@ count, said when the drain begins, shows which of them it served.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import time
@@ -146,6 +147,23 @@ def test_served_answers_are_aiohttps(pair: Pair, name: str, payload: dict[str, A
     wired, plain = both(pair, lambda s: [head(route, pair.body(s, payload, 10), "Connection: close")])
     assert wired == plain, (wired, plain)
     assert wired[0][0].startswith(f"HTTP/1.1 {status} "), wired
+
+
+@pytest.mark.parametrize(("prompt", "status"), [("cut", 500), ("trickle 3 0.05 4", 200)])
+def test_a_stream_that_breaks_is_answered_alike(pair: Pair, prompt: str, status: int) -> None:
+    """The engine closes after a streamed head (`cut`), or goes silent past the engine idle timeout
+    after its first event: before any body byte both fronts answer 500 whole; after it both cut the
+    connection, without the last chunk and without a second answer inside the stream (aiohttp.web
+    wrote the handler's 500 there, as the SDK's default stream does)."""
+    payload = {"prompt": prompt, "stream": True}
+    for idx in (60, 61):  # the first may teach the memo the pair (aiohttp.web's path on both)
+        raw = [re.sub(rb"\r\nDate: [^\r]*", b"", exchange(s.port, [head("/v1/completions", pair.body(s, payload, idx),
+                                                                            "Connection: close")]))
+               for s in (pair.wire, pair.plain)]
+        assert raw[0] == raw[1], raw
+        assert raw[0].startswith(f"HTTP/1.1 {status} ".encode()) and raw[0].count(b"HTTP/1.1 ") == 1, raw
+        if status == 200:
+            assert b"part0" in raw[0] and not raw[0].endswith((b"0\r\n\r\n", b"<open>")), raw
 
 
 def test_keep_alive_and_pipelined_requests(pair: Pair) -> None:

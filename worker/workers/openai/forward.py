@@ -236,9 +236,7 @@ class Answer:
         if (self._ended or self._framing != "chunked" or self._pending or self._left or self._crlf
                 or self._line or self._trailer or self.conn.transport is None):
             return None
-        from workers.openai import native_relay
-
-        return native_relay.socket_fd(self.conn.transport)
+        return self.conn.fd()
 
     def lend(self) -> None:
         """bakery-relay reads the engine from now on: no reads here, no idle timer (it keeps its own)."""
@@ -396,9 +394,19 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.lost = False
         self.received = False
+        self._fd: int | None = -1  # -1: not looked up yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def fd(self) -> int | None:
+        """The socket's descriptor (None for TLS or none), looked up once: uvloop makes a socket
+        object on the first look-up, and a kept-alive connection is lent to bakery-relay many times."""
+        if self._fd == -1:
+            from workers.openai import native_relay
+
+            self._fd = native_relay.socket_fd(self.transport)
+        return self._fd if self.transport is not None and not self.transport.is_closing() else None
 
     def data_received(self, data: bytes) -> None:
         self.received = True
@@ -592,20 +600,29 @@ async def relay_native(transport: Any, answer: Answer, head: bytes = b"",
 
 async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
     """Send a streamed engine answer to the client, event by event, as the SDK's default does (the
-    engine's status and content type, the body as it comes), written from the engine's callbacks."""
+    engine's status and content type, the body as it comes), written from the engine's callbacks.
+
+    Nothing is written before the body's first piece is in, so an answer that fails before any body
+    byte is answered 500 whole; one that fails after its head went is cut by closing the connection.
+    Both as the wire front does: aiohttp.web would write the handler's 500 into the stream as a
+    second response (the SDK's default prepares first and has that fault)."""
+    await answer.wait_data()
+    pieces = answer.take_pending()
     res = web.StreamResponse(status=answer.status)
     if answer.content_type:
         res.content_type = answer.content_type
     await res.prepare(request)
-    # The first piece goes through aiohttp, so the headers leave with it in one write.
-    await answer.wait_data()
-    pieces = answer.take_pending()
     if not pieces:  # an empty body
         await res.write_eof()
         return res
-    await res.write(b"".join(pieces))
-    chunked = res.headers.get("Transfer-Encoding", "").lower() == "chunked"
-    await relay(request.transport, answer, chunked)
+    try:
+        await res.write(b"".join(pieces))
+        chunked = res.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        await relay(request.transport, answer, chunked)
+    except Exception:
+        if request.transport is not None:
+            request.transport.close()
+        raise
     await res.write_eof()
     return res
 
