@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker.helpers import SDK_READY, Harness, make_signing_key, secured, start_engine
-from tests.worker.test_wire import Pair, answers, exchange, head
+from tests.worker.test_wire import Pair, answers, exchange, head, pair_on
 
 pytestmark = pytest.mark.slow
 LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "1", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
@@ -32,19 +31,10 @@ STREAMS = {
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Iterator[Pair]:
-    key = make_signing_key(worker_python)
-    with (Harness(tmp_path_factory.mktemp("native"), worker_python, key.pem) as first,
-          Harness(tmp_path_factory.mktemp("python"), worker_python, key.pem) as second):
-        engine = start_engine(first)
-        made = [secured(harness, engine, BAKERY_RELAY=relay, **LIMITS)
-                for harness, relay in ((first, "native"), (second, "python"))]
-        for served in made:
-            served.worker.wait_for(SDK_READY, timeout=90)
-            assert served.reports is not None
-            served.reports.wait_loaded(timeout=60)
-        assert "streamed bodies after their head: bakery-relay" in made[0].worker.output.read_text()
-        assert "streamed bodies after their head: Python (BAKERY_RELAY=python)" in made[1].worker.output.read_text()
-        yield Pair(made[0], made[1], key)
+    with pair_on(tmp_path_factory, worker_python, "BAKERY_RELAY", ("native", "python"), LIMITS) as made:
+        assert "streamed bodies after their head: bakery-relay" in made.wire.worker.output.read_text()
+        assert "streamed bodies after their head: Python (BAKERY_RELAY=python)" in made.plain.worker.output.read_text()
+        yield made
 
 
 def both(pair: Pair, make: Any, wait: float = 8.0) -> list[bytes]:

@@ -11,6 +11,7 @@ count, said when the drain begins, shows which of them it served.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -43,19 +44,28 @@ class Pair:
         return json.dumps({"auth_data": auth, "payload": payload}).encode()
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Iterator[Pair]:
+@contextlib.contextmanager
+def pair_on(tmp_path_factory: pytest.TempPathFactory, worker_python: Path, variable: str,
+            values: tuple[str, str], limits: dict[str, str]) -> Iterator[Pair]:
+    """Two secured workers, ready and loaded, in front of one guard engine: the first with
+    `variable` set to values[0], the second to values[1]."""
     key = make_signing_key(worker_python)
-    with (Harness(tmp_path_factory.mktemp("wire"), worker_python, key.pem) as first,
-          Harness(tmp_path_factory.mktemp("aiohttp"), worker_python, key.pem) as second):
+    with (Harness(tmp_path_factory.mktemp(values[0]), worker_python, key.pem) as first,
+          Harness(tmp_path_factory.mktemp(values[1]), worker_python, key.pem) as second):
         engine = start_engine(first)  # one engine: both workers' answers come from the same code
-        made = [secured(harness, engine, BAKERY_FRONT=front, **LIMITS)
-                for harness, front in ((first, "wire"), (second, "aiohttp"))]
+        made = [secured(harness, engine, **{variable: value}, **limits)
+                for harness, value in zip((first, second), values, strict=True)]
         for served in made:
             served.worker.wait_for(SDK_READY, timeout=90)
             assert served.reports is not None
             served.reports.wait_loaded(timeout=60)
         yield Pair(made[0], made[1], key)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Iterator[Pair]:
+    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), LIMITS) as made:
+        yield made
 
 
 def head(path: str, body: bytes, *extra: str) -> bytes:
