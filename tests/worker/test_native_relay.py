@@ -8,6 +8,7 @@ worker on both relays is held to the same answers in test_native_relay_worker.py
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import subprocess
@@ -190,6 +191,28 @@ def test_a_slow_client_holds_the_engine_back_and_loses_nothing(helper: Helper) -
     assert outcome[:2] == (ident, END)
     assert sent > 0
     assert received == unit * (sent // len(unit) + 1)
+
+
+def test_a_client_that_takes_nothing_is_ended_at_the_idle_limit(helper: Helper) -> None:
+    """The engine's reads stop for a client that reads nothing; the idle limit still counts from the
+    last engine read (the worker's Python relay ends such a stream at its idle timeout too)."""
+    ident, engine, client = helper.stream(idle_ms=300)
+    piece = b"x" * 60000
+    unit = b"%x\r\n%s\r\n" % (len(piece), piece)
+    sent = 0
+    engine.setblocking(False)
+    started = time.monotonic()
+    # The engine keeps writing (its sends block once the helper stopped reading) until the helper
+    # ends the stream and closes its end, or 5 s passed.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        while time.monotonic() - started < 5:
+            try:
+                sent += engine.send(unit[sent % len(unit):] + unit)
+            except BlockingIOError:
+                time.sleep(0.01)
+    assert time.monotonic() - started < 5, "a stream whose client took nothing was not ended"
+    assert helper.done()[:2] == (ident, IDLE)
+    assert 0 < len(read_until_closed(client)) < sent  # what it had room for, then the cut
 
 
 def test_a_bad_message_is_refused_and_closes_what_it_carried(helper: Helper) -> None:

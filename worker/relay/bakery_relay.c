@@ -21,7 +21,9 @@
  * can be kept alive.
  *
  * Backpressure: a client that does not take a write whole stops the engine's reads until the rest
- * is written. Each stream has an idle limit (no engine byte for that long ends it). A message that
+ * is written. Each stream has an idle limit: no engine byte read for that long ends it, also when
+ * the reads stopped for a client that takes nothing (the worker's own relay ends it so too: a time
+ * bound), but not once the body was read to its end. A message that
  * the worker sends with an unknown id, or an abort, is a no-op or ends the stream (descriptors
  * closed, no more writes). SIGTERM and SIGINT are ignored: during the worker's drain the streams in
  * flight are finished here; the helper exits when the worker's end of the socketpair closes (or,
@@ -310,7 +312,6 @@ static void client_writable(size_t slot) {
     free(s->pending);
     s->pending = NULL;
     if (s->ended_outcome >= 0) { finish(s, s->ended_outcome); return; }
-    s->last_read = now_ms();  /* the engine was not read while the client was slow */
     release(s, slot);
 }
 
@@ -400,7 +401,7 @@ static int control(void) {
 static void scan_idle(int64_t now) {
     for (size_t i = 0; i < nslots; i++) {
         struct stream *s = &streams[i];
-        if (s->used && s->idle_ms && !s->pending && now - s->last_read >= (int64_t)s->idle_ms)
+        if (s->used && s->idle_ms && s->ended_outcome < 0 && now - s->last_read >= (int64_t)s->idle_ms)
             finish(s, OUT_IDLE);
     }
 }
