@@ -597,7 +597,6 @@ async def relay_native(transport: Any, answer: Answer, head: bytes = b"",
     return moved
 
 
-
 async def stream_answer(web: Any, request: Any, answer: Answer) -> Any:
     """Send a streamed engine answer to the client, event by event, as the SDK's default does (the
     engine's status and content type, the body as it comes), written from the engine's callbacks.
