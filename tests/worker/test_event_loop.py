@@ -8,6 +8,7 @@ callbacks, the connection cap's 503) on both loops.
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import subprocess
@@ -73,6 +74,17 @@ def test_asyncio_run_uses_the_chosen_loop(worker_python: Path, choice: str, uvlo
         assert got["warning"].startswith("uvloop cannot be imported")
 
 
+def test_the_collector_is_tuned_and_says_so() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 7, 9)
+        said = event_loop.tune_collector()
+        assert gc.get_threshold() == (event_loop.YOUNG_THRESHOLD, 7, 9)  # the older two kept
+        assert said == f"garbage collector thresholds {event_loop.YOUNG_THRESHOLD}, 7, 9"
+    finally:
+        gc.set_threshold(*before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_a_stream_and_the_connection_cap_on_each_loop(harness: Harness, loop: str) -> None:
@@ -80,6 +92,7 @@ def test_a_stream_and_the_connection_cap_on_each_loop(harness: Harness, loop: st
     served = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_EVENT_LOOP=loop, BAKERY_MAX_CONNECTIONS="2")
     banner = served.worker.output.read_text()
     assert f"bakery-worker: event loop: {loop}" in banner, banner[-2000:]
+    assert f"garbage collector thresholds {event_loop.YOUNG_THRESHOLD}, " in banner, banner[-2000:]
     stream = EventStream(served.port, "/v1/completions",
                          envelope({"model": MODEL, "prompt": "x", "stream": True}, 1))
     assert stream.status == 200

@@ -948,7 +948,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     loop_name, loop_warning = event_loop.install(settings.loop_choice)
     if loop_warning:
         _warn(loop_warning)
-    _say(f"bakery-worker: event loop: {loop_name}")
+    _say(f"bakery-worker: event loop: {loop_name}; {event_loop.tune_collector()}")
     relay_name, relay_warning = native_relay.install(settings.relay, settings.relay_program)
     if relay_warning:
         _warn(relay_warning)
