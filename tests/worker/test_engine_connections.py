@@ -85,7 +85,9 @@ def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(harness
     keepalive = engine_keepalive()
     assert keepalive <= ENGINES_KEEPALIVE - MARGIN, f"ENGINE_KEEPALIVE {keepalive} s is too close to the engines' 5 s"
     engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
-    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL), engine.log
+    # The pool's own rule, without renewal between bursts (engine_warm.py; test_engine_warm.py).
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_ENGINE_KEEP_WARM="0"), engine.log
+    assert "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)" in served.worker.text
     route = "/v1/chat/completions"
     before = len(engine_ports(log, route))
     one_answer(served.port, route, 1)

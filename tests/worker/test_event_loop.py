@@ -93,6 +93,7 @@ def test_a_stream_and_the_connection_cap_on_each_loop(harness: Harness, loop: st
     banner = served.worker.output.read_text()
     assert f"bakery-worker: event loop: {loop}" in banner, banner[-2000:]
     assert f"garbage collector thresholds {event_loop.YOUNG_THRESHOLD}, " in banner, banner[-2000:]
+    assert "idle engine connections: renewed for 60 s after the last request" in banner, banner[-2000:]
     stream = EventStream(served.port, "/v1/completions",
                          envelope({"model": MODEL, "prompt": "x", "stream": True}, 1))
     assert stream.status == 200

@@ -92,6 +92,8 @@ VARIABLES: tuple[Var, ...] = (
         "wire | aiohttp: who reads port 3000's connections first (wire.py; aiohttp: every request aiohttp.web's)"),
     Var("BAKERY_RELAY", "choice", "native", "warn", "core",
         "native | python: who moves a streamed body after its head (native_relay.py: bakery-relay, in C)"),
+    Var("BAKERY_ENGINE_KEEP_WARM", "seconds", 60.0, "warn", "core",
+        "seconds after the last request during which idle engine connections are renewed (0: never)"),
     Var("BAKERY_RELAY_PROGRAM", "text", None, "none", "core",
         "the bakery-relay program (default: worker/relay/bakery-relay, where an image build puts it)"),
     Var("UNSECURED", "bool", False, "exit", "core", "serve without a signature (offline only)"),

@@ -35,6 +35,7 @@ from workers.openai import (
     admission,
     config,
     drain,
+    engine_warm,
     event_loop,
     forward,
     guards,
@@ -159,6 +160,7 @@ class Settings:
     front: str = FRONTS[0]  # BAKERY_FRONT: wire.py reads port 3000's connections first, or aiohttp.web alone
     relay: str = native_relay.DEFAULT  # BAKERY_RELAY: bakery-relay moves streamed bodies, or Python does
     relay_program: str | None = None  # BAKERY_RELAY_PROGRAM
+    engine_keep_warm: float = engine_warm.DEFAULT  # BAKERY_ENGINE_KEEP_WARM: seconds (engine_warm.py)
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
     routes: routes.RouteSettings = field(
@@ -355,6 +357,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         front=front,
         relay=relay,
         relay_program=_value(env, "BAKERY_RELAY_PROGRAM"),
+        engine_keep_warm=config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings),
         unsecured=unsecured,
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
@@ -840,7 +843,7 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     settings, limits = cfg.settings, cfg.limits
     # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
     forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
-                    guards.ENGINE_KEEPALIVE)
+                    guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
     known = signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers)
@@ -953,6 +956,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if relay_warning:
         _warn(relay_warning)
     _say(f"bakery-worker: streamed bodies after their head: {relay_name}")
+    _say(f"bakery-worker: {engine_warm.describe(settings.engine_keep_warm)}")
     if native_relay.ACTIVE is not None and ctx.drain is not None:
         ctx.drain.notes.append(native_relay.ACTIVE.describe)  # said when the drain begins
     try:

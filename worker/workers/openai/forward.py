@@ -448,10 +448,14 @@ class Pool:
         # Until one connection to the engine was made, a refused one is tried again for this long.
         self.first_connect_grace = first_connect_grace
         self.connected_once = False
+        self.last_request = float("-inf")  # the loop's time of the last post()
+        self.keeper: Any = None  # engine_warm.Keeper: renews idle connections between bursts
 
     def put(self, conn: Connection) -> None:
         conn.idle_since = asyncio.get_running_loop().time()
         self.idle.append(conn)
+        if self.keeper is not None:
+            self.keeper.arm()
 
     def _reusable(self, now: float) -> Connection | None:
         while self.idle:
@@ -461,7 +465,8 @@ class Pool:
             conn.discard()
         return None
 
-    async def _connect(self) -> Connection:
+    async def connect(self) -> Connection:
+        """A new connection to the engine (refusals tried again only before the first one was made)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + (0.0 if self.connected_once else self.first_connect_grace)
         while True:
@@ -487,11 +492,14 @@ class Pool:
         request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: */*\r\n"
                    f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
         loop = asyncio.get_running_loop()
-        conn = self._reusable(loop.time())
+        self.last_request = loop.time()
+        if self.keeper is not None:
+            self.keeper.request()
+        conn = self._reusable(self.last_request)
         reused = conn is not None
         while True:
             if conn is None:
-                conn = await self._connect()
+                conn = await self.connect()
             answer = Answer(conn, loop, self.idle_timeout)
             conn.answer, conn.received = answer, False
             assert conn.transport is not None
@@ -509,6 +517,8 @@ class Pool:
                 conn, reused = None, False
 
     def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
         for conn in self.idle:
             conn.discard()
         self.idle.clear()
@@ -660,12 +670,14 @@ def engine_address(url: str) -> tuple[str, int] | None:
     return parts.hostname, parts.port or 80
 
 
-FIRST_CONNECT_GRACE = 5.0  # seconds a refused first engine connection is tried again (Pool._connect)
+FIRST_CONNECT_GRACE = 5.0  # seconds a refused first engine connection is tried again (Pool.connect)
 FIRST_CONNECT_STEP = 0.05
 
 
-def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float) -> Pool | None:
-    """Send the JSON requests of `backend` (the SDK's Backend) through this module's client.
+def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float,
+            keep_warm: float = 0.0) -> Pool | None:
+    """Send the JSON requests of `backend` (the SDK's Backend) through this module's client, its idle
+    engine connections renewed for `keep_warm` seconds after a request (engine_warm.py; 0: never).
 
     Wraps the SDK's engine call (sdk_seam hook "call_backend") first, so the guards' wrappers (the
     timeouts' 504, engine_close) see this call as they see the SDK's. Returns the pool, or None when
@@ -675,6 +687,10 @@ def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive
     if address is None:
         return None
     pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive, FIRST_CONNECT_GRACE)
+    if keep_warm > 0:
+        from workers.openai import engine_warm
+
+        pool.keeper = engine_warm.Keeper(pool, keep_warm)
     # The SDK's own per-request line, on its backend module's logger: BAKERY_LOG_REQUESTS keeps or
     # drops it with the SDK's other request lines (core.quiet_requests), as when the SDK posted.
     log = sdk_seam.backend_logger()

@@ -1,0 +1,69 @@
+"""Idle engine connections renewed between bursts (worker/workers/openai/engine_warm.py,
+BAKERY_ENGINE_KEEP_WARM): a burst after a quiet spell finds them open; the pool never grows; renewal
+ends with its window and at the first refusal. tests/worker/engine_warm_probe.py runs forward.Pool
+against a loopback engine that drops idle connections, on scaled-down times, and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workers.openai import config, core, engine_warm
+from workers.vllm.worker import DEFAULTS
+
+from tests.worker.helpers import probe_facts
+
+HERE = Path(__file__).resolve().parent
+ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000", "PUBLIC_IPADDR": "203.0.113.7",
+       "VAST_TCP_PORT_3000": "41234"}
+
+
+@pytest.fixture(scope="module")
+def report(worker_python: Path) -> dict[str, Any]:
+    return probe_facts(worker_python, str(HERE / "engine_warm_probe.py"))
+
+
+def test_a_burst_after_a_quiet_spell_finds_its_connections_open(report: dict[str, Any]) -> None:
+    warm = report["warm"]
+    assert warm["bodies"] == ["{}"] * 12
+    quiet = warm["quiet"]
+    # After twice the pool's keep-alive without a request, all six are young (renewed) and the second
+    # burst opens none; without renewal it opens six (the "off" case below).
+    assert quiet["young"] == 6 and quiet["second_burst_opened"] == 0, quiet
+    assert quiet["accepted"] >= 6 and quiet["most_open"] == 6, quiet  # renewed one for one, never more
+    assert warm["renewed"] >= 6
+
+
+def test_without_renewal_the_connections_age_out(report: dict[str, Any]) -> None:
+    off = report["off"]
+    assert off["bodies"] == ["{}"] * 12
+    assert off["quiet"] == {"young": 0, "accepted": 0, "most_open": 6, "second_burst_opened": 6}
+
+
+def test_renewal_ends_with_its_window(report: dict[str, Any]) -> None:
+    assert report["warm"]["after_window"] == {"young": 0, "opened_meanwhile": 0}
+
+
+def test_a_refused_renewal_stops_renewing_until_the_next_request(report: dict[str, Any]) -> None:
+    gone = report["engine_gone"]
+    assert gone["failed"] is True and gone["timer"] is False and gone["opening"] == 0, gone
+    assert gone["body"] == "{}" and gone["failed_after_request"] is False, gone
+
+
+@pytest.mark.parametrize(("given", "seconds", "warned"), [
+    (None, 60.0, False), ("0", 0.0, False), (" 15 ", 15.0, False), ("-1", 60.0, True), ("soon", 60.0, True),
+    ("7200", 60.0, True),
+])
+def test_the_setting(given: str | None, seconds: float, warned: bool) -> None:
+    env = {**ENV, **({} if given is None else {"BAKERY_ENGINE_KEEP_WARM": given})}
+    settings = core.load_settings(DEFAULTS, env)
+    assert settings.engine_keep_warm == seconds
+    said = [w for w in settings.warnings if "BAKERY_ENGINE_KEEP_WARM" in w]
+    assert bool(said) is warned, settings.warnings
+    assert config.BY_NAME["BAKERY_ENGINE_KEEP_WARM"].default == engine_warm.DEFAULT
+
+
+def test_the_startup_line_says_it(report: dict[str, Any]) -> None:
+    assert report["describe"] == ["idle engine connections: renewed for 60 s after the last request",
+                                  "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)"]
