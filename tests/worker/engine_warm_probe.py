@@ -11,10 +11,10 @@ keeper looks every TICK s and renews LEAD s before KEEPALIVE, for WARM s after t
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any
 
+from forward_probe import finish  # this script's directory is first on sys.path
 from workers.openai import engine_warm, forward
 
 KEEPALIVE, ENGINE_IDLE, TICK, LEAD, WARM = 0.8, 1.0, 0.05, 0.4, 2.5
@@ -118,14 +118,7 @@ async def main_async() -> dict[str, Any]:
 
 def main() -> int:
     loop = asyncio.new_event_loop()
-    report = loop.run_until_complete(main_async())
-    pending = asyncio.all_tasks(loop)
-    for task in pending:
-        task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    loop.close()
-    print(json.dumps(report))
-    return 0
+    return finish(loop, loop.run_until_complete(main_async()))
 
 
 if __name__ == "__main__":

@@ -284,7 +284,12 @@ def main() -> int:
     report = {"decoding": decoding(loop), "relaying": relaying(loop), "pooling": loop.run_until_complete(pooling()),
               "engine_address": {url: forward.engine_address(url) for url in (
                   "http://127.0.0.1:18000", "http://localhost", "https://127.0.0.1:1", "http://h:1/prefix")}}
-    pending = asyncio.all_tasks(loop)  # the engines' connection handlers
+    return finish(loop, report)
+
+
+def finish(loop: asyncio.AbstractEventLoop, report: dict[str, Any]) -> int:
+    """Cancel what is left on `loop` (the engines' connection handlers), close it, print `report`."""
+    pending = asyncio.all_tasks(loop)
     for task in pending:
         task.cancel()
     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

@@ -56,12 +56,16 @@ def test_a_refused_renewal_stops_renewing_until_the_next_request(report: dict[st
     ("7200", 60.0, True),
 ])
 def test_the_setting(given: str | None, seconds: float, warned: bool) -> None:
-    env = {**ENV, **({} if given is None else {"BAKERY_ENGINE_KEEP_WARM": given})}
-    settings = core.load_settings(DEFAULTS, env)
-    assert settings.engine_keep_warm == seconds
-    said = [w for w in settings.warnings if "BAKERY_ENGINE_KEEP_WARM" in w]
-    assert bool(said) is warned, settings.warnings
+    warnings: list[str] = []
+    env = {} if given is None else {"BAKERY_ENGINE_KEEP_WARM": given}
+    assert config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings) == seconds
+    assert [w.split("=")[0] for w in warnings] == (["BAKERY_ENGINE_KEEP_WARM"] if warned else [])
     assert config.BY_NAME["BAKERY_ENGINE_KEEP_WARM"].default == engine_warm.DEFAULT
+
+
+def test_the_worker_settings_carry_it() -> None:
+    assert core.load_settings(DEFAULTS, {**ENV, "BAKERY_ENGINE_KEEP_WARM": "15"}).engine_keep_warm == 15.0
+    assert core.load_settings(DEFAULTS, ENV).engine_keep_warm == engine_warm.DEFAULT
 
 
 def test_the_startup_line_says_it(report: dict[str, Any]) -> None:

@@ -58,9 +58,10 @@ class Keeper:
             self.timer = asyncio.get_running_loop().call_later(self.tick, self._look)
 
     def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """No more looks (the pool is closed)."""
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
 
     def _look(self) -> None:
         self.timer = None
