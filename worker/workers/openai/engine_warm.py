@@ -12,7 +12,7 @@ For BAKERY_ENGINE_KEEP_WARM seconds after the last request (default 60; 0: never
 connections are renewed before they grow too old to be handed out: every TICK, up to PER_TICK of
 those idle for `keepalive - LEAD` seconds or more are closed and as many new ones opened. The pool
 so keeps what the last burst needed for a minute after it, at ~0.15 ms per connection every ~3 s
-(at 256 connections ~1.5 % of a core); then renewal stops and the pool empties as before. It never
+(measured at 256 connections: ~0.7 % of a core); then renewal stops and the pool empties as before. It never
 grows the pool, and a connection that cannot be opened stops renewal until the next request.
 
 Imports only the standard library.
