@@ -111,9 +111,34 @@ async def engine_gone() -> dict[str, Any]:
     return report
 
 
+async def ready_case() -> dict[str, Any]:
+    """Connections opened before the first request (engine_warm.open_ready), and a burst after them;
+    then the same against a port nobody listens on."""
+    engine = Engine()
+    port = await engine.start()
+    pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
+    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD)
+    opened = await engine_warm.open_ready(pool, 6, step=4)
+    report = {"opened": opened, "accepted": engine.accepted, "young": young(pool)}
+    await asyncio.sleep(1.2)  # past the pool's keep-alive: renewal keeps them young from the opening on
+    report["young_later"] = young(pool)
+    before = engine.accepted
+    report["bodies"] = await burst(pool, 6)
+    report["burst_opened"] = engine.accepted - before
+    report["most_open"] = engine.most_open
+    pool.close()
+    assert engine.server is not None
+    engine.server.close()
+    await engine.server.wait_closed()
+    nobody = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
+    report["refused"] = await engine_warm.open_ready(nobody, 6, step=4)
+    return report
+
+
 async def main_async() -> dict[str, Any]:
     return {"warm": await warm_case(WARM), "off": await warm_case(0), "engine_gone": await engine_gone(),
-            "describe": [engine_warm.describe(60), engine_warm.describe(0)]}
+            "ready": await ready_case(),
+            "describe": [engine_warm.describe(60, 256), engine_warm.describe(0)]}
 
 
 def main() -> int:

@@ -292,7 +292,8 @@ def finish(loop: asyncio.AbstractEventLoop, report: dict[str, Any]) -> int:
     pending = asyncio.all_tasks(loop)
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:  # gather() of nothing would make its future on another loop
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
     print(json.dumps(report))
     return 0

@@ -99,7 +99,7 @@ def test_every_row_is_well_formed() -> None:
 def test_strict_and_warning_variables_are_the_documented_ones() -> None:
     """Guard limits, UNSECURED and the drain stop the worker; the benchmark, readiness, upload and
     late-error numbers, BAKERY_LOG_REQUESTS, BAKERY_EVENT_LOOP, BAKERY_FRONT, BAKERY_RELAY,
-    BAKERY_ENGINE_KEEP_WARM and the log-line lists
+    BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the log-line lists
     warn and take
     their default."""
     strict = {v.name for v in config.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
@@ -111,13 +111,14 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
                       "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS", "BAKERY_LATE_ERROR_PROBES",
                       "BAKERY_LATE_ERROR_INTERVAL", "BAKERY_LOAD_BEGIN_LOG_MSGS", "BAKERY_WEIGHTS_LOADED_LOG_MSGS",
-                      "BAKERY_EVENT_LOOP", "BAKERY_FRONT", "BAKERY_RELAY", "BAKERY_ENGINE_KEEP_WARM"}
+                      "BAKERY_EVENT_LOOP", "BAKERY_FRONT", "BAKERY_RELAY", "BAKERY_ENGINE_KEEP_WARM",
+                      "BAKERY_ENGINE_READY_CONNECTIONS"}
 
 
 @pytest.mark.parametrize("raw", [None, "", "  ", "\t\n"])
 def test_blank_is_unset_for_every_kind(raw: str | None) -> None:
     env = {} if raw is None else {"X": raw}
-    for kind in ("text", "lines", "int", "digits", "number", "bool", "seconds", "drain"):
+    for kind in ("text", "lines", "int", "digits", "number", "bool", "seconds", "drain", "count"):
         for bad in ("exit", "warn"):
             warnings: list[str] = []
             errors: list[str] = []

@@ -5,7 +5,8 @@ Read from the stand-in's own access lines, which name the client's address and p
 through the worker arrive on one engine connection (the SDK opened a new one per request); after a
 client went away mid-stream, that connection is closed and the next request comes on a new one; a
 connection idle for longer than the worker keeps it is never reused, so the engine's own keep-alive
-timeout never closes one under a request.
+timeout never closes one under a request. A loaded worker has opened its first burst's connections
+(BAKERY_ENGINE_READY_CONNECTIONS), counted in /proc/net/tcp.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ GUARDS = REPO_ROOT / "worker" / "workers" / "openai" / "guards.py"
 # llama.cpp's HTTP server); the worker must let go of it first, with room for a slow loop turn.
 ENGINES_KEEPALIVE = 5.0
 MARGIN = 1.0
+OTHERS = 4  # engine connections besides the pool's: the SDK's benchmark, its aiohttp session's
 
 
 def engine_keepalive() -> float:
@@ -98,3 +101,40 @@ def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(harness
     first, reused, fresh = engine_ports(log, route)[before:]
     assert reused == first, (first, reused)
     assert fresh != first, (first, fresh)
+
+
+def open_to(port: int) -> int:
+    """Established TCP connections on this machine whose far end is 127.0.0.1:`port` (/proc/net/tcp):
+    the worker's ends of its engine connections, when `port` is the engine's."""
+    far = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2] == far and line.split()[3] == "01")
+
+
+def until(count: Callable[[], int], at_least: int, seconds: float = 20.0) -> int:
+    """`count()` once it reaches `at_least`, or its last value after `seconds`."""
+    end = time.monotonic() + seconds
+    seen = count()
+    while seen < at_least and time.monotonic() < end:
+        time.sleep(0.1)
+        seen = count()
+    return seen
+
+
+def test_a_loaded_worker_has_opened_its_first_bursts_engine_connections(harness: Harness) -> None:
+    """vLLM's default (engine_warm.py): 256 connections opened once the model is loaded, before any
+    request; the SDK's benchmark and its own aiohttp session (health probes) may hold a few more."""
+    engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
+    served = harness.serve("vllm", engine, MODEL_NAME=MODEL)
+    assert "256 opened when the model is loaded (BAKERY_ENGINE_READY_CONNECTIONS)" in served.worker.text
+    assert 256 <= until(lambda: open_to(engine.port), 256) <= 256 + OTHERS
+    one_answer(served.port, "/v1/chat/completions", 1)  # served on one of them: none more opened
+    assert open_to(engine.port) <= 256 + OTHERS
+
+
+def test_with_none_asked_only_requests_open_engine_connections(harness: Harness) -> None:
+    engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
+    served = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_ENGINE_READY_CONNECTIONS="0")
+    assert "none opened before the first request (BAKERY_ENGINE_READY_CONNECTIONS=0)" in served.worker.text
+    time.sleep(1.0)
+    assert open_to(engine.port) <= OTHERS

@@ -69,5 +69,44 @@ def test_the_worker_settings_carry_it() -> None:
 
 
 def test_the_startup_line_says_it(report: dict[str, Any]) -> None:
-    assert report["describe"] == ["idle engine connections: renewed for 60 s after the last request",
-                                  "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)"]
+    assert report["describe"] == [
+        "idle engine connections: renewed for 60 s after the last request; 256 opened when the model is "
+        "loaded (BAKERY_ENGINE_READY_CONNECTIONS)",
+        "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0); none opened before the first "
+        "request (BAKERY_ENGINE_READY_CONNECTIONS=0)"]
+
+
+def test_connections_opened_before_the_first_request_serve_its_burst(report: dict[str, Any]) -> None:
+    ready = report["ready"]
+    assert ready["opened"] == 6 and ready["accepted"] == 6 and ready["young"] == 6, ready
+    # Renewed like any idle connection (the window counts from the opening), so a burst after the
+    # pool's keep-alive still finds all six, and opens none; the pool never held more than six.
+    assert ready["young_later"] == 6 and ready["burst_opened"] == 0 and ready["most_open"] == 6, ready
+    assert ready["bodies"] == ["{}"] * 6
+
+
+def test_opening_stops_at_an_engine_that_refuses(report: dict[str, Any]) -> None:
+    assert report["ready"]["refused"] == 0
+
+
+@pytest.mark.parametrize(("given", "count", "warned"), [
+    (None, 256, False), ("0", 0, False), (" 64 ", 64, False), ("-1", 256, True), ("many", 256, True),
+    ("4097", 256, True), ("1e3", 256, True),
+])
+def test_the_ready_connections_setting(given: str | None, count: int, warned: bool) -> None:
+    env = {**ENV} if given is None else {**ENV, "BAKERY_ENGINE_READY_CONNECTIONS": given}
+    settings = core.load_settings(DEFAULTS, env)
+    assert settings.engine_ready_connections == count
+    said = [w.split("=")[0] for w in settings.warnings if "BAKERY_ENGINE_READY_CONNECTIONS" in w]
+    assert said == (["BAKERY_ENGINE_READY_CONNECTIONS"] if warned else [])
+
+
+def test_each_engine_has_its_own_ready_connections() -> None:
+    """vLLM and SGLang open 256 (uvicorn holds an idle connection cheaply); llama.cpp none (its
+    server gives each open connection one of its HTTP threads)."""
+    from workers.llama.worker import DEFAULTS as LLAMA
+    from workers.sglang.worker import DEFAULTS as SGLANG
+
+    assert (DEFAULTS.ready_connections, SGLANG.ready_connections, LLAMA.ready_connections) == (256, 256, 0)
+    assert core.load_settings(LLAMA, ENV).engine_ready_connections == 0
+    assert config.BY_NAME["BAKERY_ENGINE_READY_CONNECTIONS"].default is None  # the engine's own

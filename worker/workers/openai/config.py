@@ -13,7 +13,8 @@ For every variable blank counts as unset (`value()`), so `MODEL_LOG=""` means th
 
 Kinds (`parse`): "text" (stripped), "lines" (a log-line list, see parse_lines), "int" (Python's
 int() of the stripped text, positive), "digits" (ASCII-style digits only, positive), "number" (a
-positive finite float), "bool" (true/1/yes or false/0/no, any case), "seconds" and "drain" (a number
+positive finite float), "count" (ASCII digits, 0 to MAX_COUNT), "bool" (true/1/yes or false/0/no, any
+case), "seconds" and "drain" (a number
 of seconds from 0 to MAX_DRAIN_SECONDS; drain's refusal says what the drain is), and, judged by their
 owner module, "url", "choice", "routes", "route", "port", "platform", "varname", "hosts". The two
 integer rules differ on text like "+3" or "1_000" (int() takes them, digits does not): each variable
@@ -38,6 +39,7 @@ from typing import Any
 TRUE_WORDS = ("true", "1", "yes")  # the words worker/boot/entrypoint.py's flags accept too
 FALSE_WORDS = ("false", "0", "no")
 MAX_DRAIN_SECONDS = 3600.0
+MAX_COUNT = 4096  # a "count" variable's bound (BAKERY_ENGINE_READY_CONNECTIONS: a descriptor each)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ VARIABLES: tuple[Var, ...] = (
         "native | python: who moves a streamed body after its head (native_relay.py: bakery-relay, in C)"),
     Var("BAKERY_ENGINE_KEEP_WARM", "seconds", 60.0, "warn", "core",
         "seconds after the last request during which idle engine connections are renewed (0: never)"),
+    Var("BAKERY_ENGINE_READY_CONNECTIONS", "count", None, "warn", "core",
+        "engine connections opened when the model is loaded, for the first burst (default: the engine's own)"),
     Var("BAKERY_RELAY_PROGRAM", "text", None, "none", "core",
         "the bakery-relay program (default: worker/relay/bakery-relay, where an image build puts it)"),
     Var("UNSECURED", "bool", False, "exit", "core", "serve without a signature (offline only)"),
@@ -277,6 +281,10 @@ def _convert(name: str, kind: str, raw: str, default: Any, bad: str) -> Any:
         if strict:
             raise BadValue(f"{name}={raw!r} is not a positive whole number (default {default})")
         raise BadValue(f"{name}={stripped!r} is not a positive integer; using the default {default}")
+    if kind == "count":
+        if stripped.isascii() and stripped.isdigit() and int(stripped) <= MAX_COUNT:
+            return int(stripped)
+        raise BadValue(f"{name}={raw!r} is not a whole number from 0 to {MAX_COUNT}; using the default {default}")
     if kind == "number":
         number = _number(raw)
         if math.isfinite(number) and number > 0:

@@ -121,7 +121,8 @@ class EngineDefaults:
 
     Each field is the fallback for an environment variable: `model_log` for MODEL_LOG,
     `load_lines` for MODEL_LOAD_LOG_MSG, `error_lines` for MODEL_ERROR_LOG_MSGS, `info_lines` for
-    MODEL_INFO_LOG_MSGS, `health_endpoint` for MODEL_HEALTH_ENDPOINT.
+    MODEL_INFO_LOG_MSGS, `health_endpoint` for MODEL_HEALTH_ENDPOINT, `ready_connections` for
+    BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py).
     """
 
     engine: str
@@ -130,6 +131,7 @@ class EngineDefaults:
     error_lines: tuple[str, ...]
     info_lines: tuple[str, ...] = DEFAULT_INFO_LINES
     health_endpoint: str = DEFAULT_HEALTH_ENDPOINT
+    ready_connections: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Settings:
     relay: str = native_relay.DEFAULT  # BAKERY_RELAY: bakery-relay moves streamed bodies, or Python does
     relay_program: str | None = None  # BAKERY_RELAY_PROGRAM
     engine_keep_warm: float = engine_warm.DEFAULT  # BAKERY_ENGINE_KEEP_WARM: seconds (engine_warm.py)
+    engine_ready_connections: int = 0  # BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py)
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
     # OPENAI_ROUTES, BENCHMARK_ROUTE, the upload limits (routes.load_route_settings)
     routes: routes.RouteSettings = field(
@@ -358,6 +361,8 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         relay=relay,
         relay_program=_value(env, "BAKERY_RELAY_PROGRAM"),
         engine_keep_warm=config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings),
+        engine_ready_connections=config.read(env, "BAKERY_ENGINE_READY_CONNECTIONS", warnings=warnings,
+                                             default=defaults.ready_connections),
         unsecured=unsecured,
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
@@ -842,8 +847,8 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     guards.GuardError when an SDK hook is gone."""
     settings, limits = cfg.settings, cfg.limits
     # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
-    forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
-                    guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
+    pool = forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
+                           guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
     known = signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers)
@@ -852,6 +857,8 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
                     settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
                     stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
+    if pool is not None:
+        engine_warm.install(ctx, pool, settings.engine_ready_connections)
     return ctx
 
 
@@ -956,7 +963,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if relay_warning:
         _warn(relay_warning)
     _say(f"bakery-worker: streamed bodies after their head: {relay_name}")
-    _say(f"bakery-worker: {engine_warm.describe(settings.engine_keep_warm)}")
+    _say(f"bakery-worker: {engine_warm.describe(settings.engine_keep_warm, settings.engine_ready_connections)}")
     if native_relay.ACTIVE is not None and ctx.drain is not None:
         ctx.drain.notes.append(native_relay.ACTIVE.describe)  # said when the drain begins
     try:

@@ -1,4 +1,5 @@
-"""Engine connections kept ready between bursts (BAKERY_ENGINE_KEEP_WARM).
+"""Engine connections kept ready between bursts (BAKERY_ENGINE_KEEP_WARM), and opened for the first
+one (BAKERY_ENGINE_READY_CONNECTIONS).
 
 The engines close a kept-alive connection after 5 s without a request (uvicorn's keep-alive for
 vLLM and SGLang; llama.cpp's server likewise), so forward.Pool hands out none idle for 4 s
@@ -15,25 +16,92 @@ so keeps what the last burst needed for a minute after it, at ~0.15 ms per conne
 (measured at 256 connections: ~0.7 % of a core); then renewal stops and the pool empties as before. It never
 grows the pool, and a connection that cannot be opened stops renewal until the next request.
 
+A fresh worker's first burst had no connection to find: the platform routes a worker's first requests
+as soon as it reports itself loaded, often a queue of them at once, and that burst opened all its
+engine connections inside it (256 streams on the Intel Xeon host: first token +54 to +74 ms over the
+engine alone in that round, against +23 to +40 in the rounds after it). So once the model is loaded,
+BAKERY_ENGINE_READY_CONNECTIONS connections are opened into the pool, OPEN_STEP at a time, alongside
+the loaded report; the renewal window above counts from then, as from a request. The default is the
+engine's (EngineDefaults.ready_connections): 256 for vLLM and SGLang, the concurrency a GPU engine
+serves, whose servers (uvicorn) hold an idle connection for a few KiB; 0 for llama.cpp, whose server
+(cpp-httplib) gives each open connection one of its few HTTP threads while it is open; 0 for an
+engine the worker has no adapter for. Opening stops at the first connection that cannot be made.
+
 Imports only the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+from workers.openai import sdk_seam
 
 DEFAULT = 60.0  # seconds after the last request during which idle engine connections are renewed
 TICK = 0.25  # seconds between two looks at the idle connections
 PER_TICK = 48  # renewals at once: 192 a second, 256 connections within their LEAD
 LEAD = 1.5  # seconds before the pool would stop handing a connection out that it is renewed
+OPEN_STEP = 48  # connections opened at once for the first burst
+LOADED_POLL = 0.05  # seconds between looks at the SDK's loaded flag
+WHO = "engine_warm.py"
+log = logging.getLogger("bakery.engine_warm")
 
 
-def describe(seconds: float) -> str:
-    """The startup line's words for BAKERY_ENGINE_KEEP_WARM=`seconds`."""
+def describe(seconds: float, ready: int = 0) -> str:
+    """The startup line's words for BAKERY_ENGINE_KEEP_WARM=`seconds` and
+    BAKERY_ENGINE_READY_CONNECTIONS=`ready`."""
     if seconds <= 0:
-        return "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)"
-    return f"idle engine connections: renewed for {seconds:g} s after the last request"
+        said = "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)"
+    else:
+        said = f"idle engine connections: renewed for {seconds:g} s after the last request"
+    if ready > 0:
+        return f"{said}; {ready} opened when the model is loaded (BAKERY_ENGINE_READY_CONNECTIONS)"
+    return f"{said}; none opened before the first request (BAKERY_ENGINE_READY_CONNECTIONS=0)"
+
+
+async def open_ready(pool: Any, count: int, step: int = OPEN_STEP) -> int:
+    """Open `count` connections into `pool` (a forward.Pool), `step` at a time; how many were opened
+    (it stops at the first that cannot be)."""
+    pool.last_request = asyncio.get_running_loop().time()  # renewal's window counts from here
+    opened = 0
+    while opened < count:
+        batch = min(step, count - opened)
+        made = await asyncio.gather(*(pool.connect() for _ in range(batch)), return_exceptions=True)
+        for conn in made:
+            if not isinstance(conn, BaseException):
+                pool.put(conn)
+                opened += 1
+        failed = [exc for exc in made if isinstance(exc, BaseException)]
+        if failed:
+            if not all(isinstance(exc, (OSError, asyncio.TimeoutError)) for exc in failed):
+                raise next(exc for exc in failed if not isinstance(exc, (OSError, asyncio.TimeoutError)))
+            break
+    return opened
+
+
+def install(ctx: Any, pool: Any, count: int) -> None:
+    """Open `count` engine connections into `pool` once the SDK marks the model loaded (a startup
+    task of the server); nothing when `count` is 0."""
+    if count <= 0:
+        return
+    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
+    tasks: list[asyncio.Task[None]] = []
+
+    async def when_loaded() -> None:
+        while not metrics.system_metrics.model_is_loaded:
+            await asyncio.sleep(LOADED_POLL)
+        opened = await open_ready(pool, count)
+        if opened < count:
+            log.warning("bakery-worker: warning: %d of %d engine connections opened for the first requests "
+                        "(BAKERY_ENGINE_READY_CONNECTIONS): the engine refused or did not answer the rest; "
+                        "they open with the requests that need them", opened, count)
+
+    async def start(_app: Any) -> None:
+        if not tasks:  # on_startup runs for each of the SDK's two apps: one task is enough
+            tasks.append(asyncio.get_running_loop().create_task(when_loaded()))
+
+    ctx.on_startup.append(start)
 
 
 class Keeper:

@@ -6,6 +6,7 @@ DEFAULTS = EngineDefaults(
     engine="sglang",
     model_log="/var/log/portal/sglang.log",
     load_lines=("The server is fired up and ready to roll!",),
+    ready_connections=256,  # the first burst's engine connections, opened at load (engine_warm.py)
     error_lines=("INFO exited: sglang", "Traceback (most recent call last):"),
 )
 

@@ -6,6 +6,7 @@ DEFAULTS = EngineDefaults(
     engine="vllm",
     model_log="/var/log/portal/vllm.log",
     load_lines=("Application startup complete.",),
+    ready_connections=256,  # the first burst's engine connections, opened at load (engine_warm.py)
     error_lines=("INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):"),
 )
 
