@@ -67,6 +67,7 @@ from serving_bench import (  # noqa: E402
     requests_round,
     say,
     stream_counts,
+    worker_env_item,
     worker_knobs,
 )
 
@@ -110,6 +111,9 @@ def arguments() -> argparse.Namespace:
                         help="the worker's BAKERY_FRONT, set at launch as a template may (default: unset, wire)")
     parser.add_argument("--relay", choices=("native", "python"), default=None,
                         help="the worker's BAKERY_RELAY, set at launch as a template may (default: unset, native)")
+    parser.add_argument("--worker-env", action="append", type=worker_env_item, default=None, metavar="NAME=VALUE",
+                        help="a BAKERY_ worker setting set at launch (repeatable), e.g. "
+                             "BAKERY_ENGINE_READY_CONNECTIONS=0 to compare against the default")
     return parser.parse_args()
 
 

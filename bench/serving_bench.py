@@ -3,7 +3,7 @@
 
     python3 bench/serving_bench.py [--only PARTS] [--runs N] [--drain-stops 20] [--streams 256,1024]
                                    [--scale-timeout 120] [--scale-engine c|standin]
-                                   [--event-loop uvloop|asyncio]
+                                   [--event-loop uvloop|asyncio] [--worker-env BAKERY_NAME=VALUE ...]
 
 PARTS (comma-separated, default all): stream_llama, stream_standin, latency, drain, report, routable, scale.
 
@@ -42,7 +42,9 @@ PARTS (comma-separated, default all): stream_llama, stream_standin, latency, dra
   slowness; the C engine leaves the cores to the worker, as a GPU engine does. `--event-loop` sets
   the worker's BAKERY_EVENT_LOOP (uvloop, its default, or asyncio) for this part, `--front` its
   BAKERY_FRONT (wire, its default, or aiohttp), `--relay` its BAKERY_RELAY (native, its default:
-  bakery-relay moves a streamed body after its head; or python).
+  bakery-relay moves a streamed body after its head; or python), and each `--worker-env NAME=VALUE`
+  any other BAKERY_ setting (e.g. BAKERY_ENGINE_READY_CONNECTIONS=0: no engine connections opened at
+  load, so the first round's burst opens them, as before 2026-12-06).
 
 Before each part (and each scale round) the share of idle CPU over 1 s is printed, and the CPU model
 once: this machine's 2 cores are shared, so a low share marks figures as provisional. Nothing is
@@ -603,9 +605,19 @@ def relay_line(log: str) -> str:
 
 
 def worker_knobs(args: argparse.Namespace) -> dict[str, str]:
-    """The worker variables `--event-loop`, `--front` and `--relay` set (unset: the worker's defaults)."""
+    """The worker variables `--event-loop`, `--front`, `--relay` and each `--worker-env NAME=VALUE` set
+    (unset: the worker's defaults)."""
     chosen = {"BAKERY_EVENT_LOOP": args.event_loop, "BAKERY_FRONT": args.front, "BAKERY_RELAY": args.relay}
+    chosen.update(dict(item.split("=", 1) for item in getattr(args, "worker_env", None) or []))
     return {name: value for name, value in chosen.items() if value is not None}
+
+
+def worker_env_item(text: str) -> str:
+    """argparse type of --worker-env: NAME=VALUE with a BAKERY_ name (a worker setting to compare)."""
+    name, sep, _ = text.partition("=")
+    if not sep or not name.startswith("BAKERY_") or not name.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"--worker-env takes BAKERY_NAME=VALUE, got {text!r}")
+    return text
 
 
 def part_scale(tmp: Path, counts: list[int], runs: int, timeout: float, worker_python: Path, pubkey: str,
@@ -725,6 +737,9 @@ def main() -> int:
                         help="scale: the worker's BAKERY_FRONT (default: unset, the worker's default: wire)")
     parser.add_argument("--relay", choices=("native", "python"), default=None,
                         help="scale: the worker's BAKERY_RELAY (default: unset, the worker's default: native)")
+    parser.add_argument("--worker-env", action="append", type=worker_env_item, default=None, metavar="NAME=VALUE",
+                        help="scale: a BAKERY_ worker setting for this run (repeatable), e.g. "
+                             "BAKERY_ENGINE_READY_CONNECTIONS=0 to compare against the default")
     parser.add_argument("--worker-python", default=None,
                         help="the worker's Python (default: the lean worker venv of worker/requirements.txt)")
     args = parser.parse_args()
