@@ -253,6 +253,13 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
         f"(later rounds reuse what it grew: {', '.join(format(k, '+.1f') for k in rows['kib_stream'][1:])})")
 
 
+def connections_to(pid: int, port: int) -> int:
+    """Established connections in `pid`'s network namespace to 127.0.0.1:`port` (its /proc net/tcp)."""
+    far = f"0100007F:{port:04X}"
+    rows = [line.split() for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if row[2] == far and row[3] == "01")
+
+
 def main() -> int:
     args = arguments()
     counts = stream_counts(args.streams)
@@ -299,10 +306,11 @@ def main() -> int:
             url = worker_url(launched)
             signature = launched.controlplane_cli("sign", url).strip()
             worker = host_pid(launched.container, int(launched.file_text(f"{gate.RUN_DIR}/worker.pid").strip()))
+            port = C_ENGINE_PORT if c_engine is not None else ENGINE_PORT
             say(f"{args.engine} image {image[:19]}: a fresh container, ready; worker pid {worker} (host), "
-                f"signing for {url}; {relay_line(launched.logs())}")
-            scale_n(launched, worker, (url, signature), n, args.runs, args.scale_timeout, model, 1000,
-                    C_ENGINE_PORT if c_engine is not None else ENGINE_PORT)
+                f"signing for {url}; {relay_line(launched.logs())}; engine connections open before the first "
+                f"round: {connections_to(worker, port)}")
+            scale_n(launched, worker, (url, signature), n, args.runs, args.scale_timeout, model, 1000, port)
         finally:
             launched.container.remove(force=True)
     return 0

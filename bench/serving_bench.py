@@ -599,9 +599,11 @@ def requests_round(pid: int, load: Callable[[], dict],
 
 
 def relay_line(log: str) -> str:
-    """The worker's start line that says what moves its streamed bodies (native_relay.py)."""
-    said = [line for line in log.splitlines() if "streamed bodies after their head:" in line]
-    return said[-1].strip() if said else "the worker did not say what relays its streams"
+    """The worker's start lines that say what moves its streamed bodies (native_relay.py) and what it
+    keeps of its engine connections (engine_warm.py)."""
+    said = [line.strip() for line in log.splitlines()
+            if "streamed bodies after their head:" in line or "idle engine connections:" in line]
+    return "; ".join(said[-2:]) if said else "the worker did not say what relays its streams"
 
 
 def worker_knobs(args: argparse.Namespace) -> dict[str, str]:

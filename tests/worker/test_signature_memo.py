@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import signature_memo
+from workers.openai import sdk_seam, signature_memo
 
 from tests.worker.helpers import HERE, probe_facts
 
@@ -65,3 +65,53 @@ def test_the_guards_make_the_sdks_auth_data_as_the_sdk_does(facts: dict[str, Any
 
 def test_unsecured_calls_the_sdks_check_as_it_is(facts: dict[str, Any]) -> None:
     assert [f["valid"] for f in facts["unsecured"]] == [True, True]
+
+
+class _Backend:
+    """What first_pairs reads of the SDK's Backend: the key loaded (sdk_seam hook "pubkey")."""
+
+    def __init__(self, key: object) -> None:
+        setattr(self, sdk_seam.hook("pubkey").attr, key)
+
+
+def _first_pairs(key: object, known: set[tuple[str, str]]) -> tuple[Any, list[str], _Backend]:
+    backend = _Backend(key)
+    checked: list[str] = []
+
+    def knows(url: str, signature: str) -> bool:
+        return (url, signature) in known
+
+    knows.any = lambda: bool(known)  # type: ignore[attr-defined]
+
+    def verify(auth: dict[str, Any]) -> bool:
+        checked.append(auth["signature"])
+        if auth["signature"] == "good":
+            known.add((auth["url"], auth["signature"]))
+            return True
+        return False
+
+    return signature_memo.first_pairs(backend, knows, verify), checked, backend
+
+
+def test_first_pairs_checks_while_none_is_known_then_leaves_unknown_ones_to_aiohttp() -> None:
+    signed, checked, _ = _first_pairs(object(), set())
+    assert signed({"url": "u", "signature": "bad"}) is False
+    assert signed({"url": "u", "signature": "good"}) is True  # checked here, now known
+    assert signed({"url": "u", "signature": "good"}) is True  # known: not checked again
+    assert signed({"url": "u", "signature": "other"}) is False  # a pair is known: aiohttp.web's to check
+    assert checked == ["bad", "good"]
+
+
+def test_first_pairs_refusals_are_bounded_per_key() -> None:
+    signed, checked, backend = _first_pairs(object(), set())
+    for i in range(signature_memo.MAX_LEARN_REFUSALS + 5):
+        assert signed({"url": "u", "signature": f"bad{i}"}) is False
+    assert len(checked) == signature_memo.MAX_LEARN_REFUSALS
+    setattr(backend, sdk_seam.hook("pubkey").attr, object())  # a new key: a new budget
+    assert signed({"url": "u", "signature": "good"}) is True
+    assert checked[-1] == "good"
+
+
+def test_first_pairs_checks_nothing_without_a_key() -> None:
+    signed, checked, _ = _first_pairs(None, set())
+    assert signed({"url": "u", "signature": "good"}) is False and checked == []

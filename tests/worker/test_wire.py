@@ -137,8 +137,8 @@ def test_parse_head_takes_plain_http11_only() -> None:
         assert wire.parse_head(refused) is None, refused
 
 
-def test_the_first_signed_request_goes_to_aiohttp_then_the_front_serves(pair: Pair) -> None:
-    for idx in (1, 2):  # the first teaches the memo the pair; the second is the front's
+def test_signed_requests_are_answered_alike(pair: Pair) -> None:
+    for idx in (1, 2):  # the first is checked in full (the memo learns the pair), the second is remembered
         wired, plain = both(pair, lambda s, i=idx: [head("/v1/completions", pair.body(s, {"prompt": "hi"}, i),
                                                          "Connection: close")])
         assert wired == plain and wired[0][0] == "HTTP/1.1 200 OK", (wired, plain)
@@ -223,7 +223,7 @@ def test_an_idle_connection_is_closed_at_the_header_timeout(pair: Pair) -> None:
 def test_the_front_served_what_it_should(pair: Pair) -> None:
     """Last: the drain's first line says what each front did (the aiohttp one has none). Its own ten
     requests are counted whichever of the tests above ran on this pair (xdist may split them)."""
-    for idx in range(100, 111):  # the first may be the one that teaches the memo the pair
+    for idx in range(100, 111):
         got = answers(exchange(pair.wire.port, [head("/v1/completions", pair.body(pair.wire, {"prompt": "n"}, idx),
                                                      "Connection: close")]))
         assert got[0][0] == "HTTP/1.1 200 OK", got
@@ -235,3 +235,24 @@ def test_the_front_served_what_it_should(pair: Pair) -> None:
     served_here = int(said[0].split("wire front: ")[1].split()[0])
     assert served_here >= 10, said  # this test's own requests, after the first, on the wire worker
     assert "wire front:" not in pair.plain.worker.output.read_text()
+
+
+def test_a_fresh_workers_first_signed_requests_are_the_fronts(tmp_path_factory: pytest.TempPathFactory,
+                                                              worker_python: Path) -> None:
+    """A fresh worker knows no signature yet (signature_memo.first_pairs): its first signed request is
+    checked and served by the wire front, not handed to aiohttp.web until one was checked there; a
+    forged one before it is still handed over and refused as aiohttp.web refuses it."""
+    other = make_signing_key(worker_python)
+    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), LIMITS) as fresh:
+        forged, forged_plain = both(fresh, lambda s: [head(
+            "/v1/completions", fresh.body(s, {"prompt": "f"}, 1, key=other), "Connection: close")])
+        assert forged == forged_plain and forged[0][0].startswith("HTTP/1.1 401"), (forged, forged_plain)
+        wired, plain = both(fresh, lambda s: [head("/v1/completions", fresh.body(s, {"prompt": "hi"}, 2),
+                                                   "Connection: close")])
+        assert wired == plain and wired[0][0] == "HTTP/1.1 200 OK", (wired, plain)
+        fresh.wire.worker.popen.send_signal(signal.SIGTERM)
+        fresh.wire.worker.popen.wait(timeout=30)
+        said = [line for line in fresh.wire.worker.output.read_text().splitlines() if "wire front:" in line]
+        assert len(said) == 1, said
+        counts = re.findall(r"(\d+) request\(s\) served below aiohttp.web, (\d+) connection\(s\) handed", said[0])
+        assert counts == [("1", "1")], said  # the signed one served here, the forged one handed over

@@ -18,8 +18,9 @@ grows the pool, and a connection that cannot be opened stops renewal until the n
 
 A fresh worker's first burst had no connection to find: the platform routes a worker's first requests
 as soon as it reports itself loaded, often a queue of them at once, and that burst opened all its
-engine connections inside it (256 streams on the Intel Xeon host: first token +54 to +74 ms over the
-engine alone in that round, against +23 to +40 in the rounds after it). So once the model is loaded,
+engine connections inside it (256 streams on the Intel Xeon host: first token +37 to +65 ms over the
+engine alone in that round, against +13 to +28 in the rounds after it; +12 to +16 with them opened
+here). So once the model is loaded,
 BAKERY_ENGINE_READY_CONNECTIONS connections are opened into the pool, OPEN_STEP at a time, alongside
 the loaded report; the renewal window above counts from then, as from a request. The default is the
 engine's (EngineDefaults.ready_connections): 256 for vLLM and SGLang, the concurrency a GPU engine

@@ -39,7 +39,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
 
-from workers.openai import forward, front
+from workers.openai import forward, front, sdk_seam
 
 HEAD_MAX = 8 * 1024  # a head longer than this goes to aiohttp (which has its own limits)
 BODY_MAX = 64 * 1024  # a larger body goes to aiohttp (its reads let the loop go between steps)
@@ -109,7 +109,7 @@ class Front:
     serve: Callable[..., Any]  # own_handler's steps after the parse
     loaded: Callable[[], bool]
     drain: Any  # drain.Drain
-    signed: Callable[[dict[str, Any]], bool]  # the memo knows the pair (or UNSECURED)
+    signed: Callable[[dict[str, Any]], bool]  # the memo knows (or learns) the pair, or UNSECURED
     budget: Any  # admission.Budget
     connections: Any  # admission.Connections
     header_timeout: float
@@ -418,8 +418,16 @@ def install(ctx: Any, handlers: dict[str, Any], serve: Callable[..., Any], knows
     budget, connections = ctx.admission
     logger_class = ctx.runner_kwargs.get("access_log_class", AccessLogger)
 
+    from workers.openai import guards, signature_memo
+
+    # A pair the memo does not know is checked here only while it knows none (signature_memo.first_pairs).
+    try:
+        known = signature_memo.first_pairs(backend, knows, guards.signature_check(backend, "wire"))
+    except sdk_seam.GuardError:  # no SDK AuthData to check with: only known pairs, as before
+        known = lambda auth: knows(auth["url"], auth["signature"])  # noqa: E731
+
     def signed(auth: dict[str, Any]) -> bool:
-        return bool(backend.unsecured) or knows(auth["url"], auth["signature"])
+        return bool(backend.unsecured) or known(auth)
 
     owner = Front(routes=handlers, serve=serve, loaded=loaded, drain=ctx.drain, signed=signed, budget=budget,
                   connections=connections, header_timeout=header_timeout,
