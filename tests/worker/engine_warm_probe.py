@@ -17,7 +17,7 @@ from typing import Any
 from forward_probe import finish  # this script's directory is first on sys.path
 from workers.openai import engine_warm, forward
 
-KEEPALIVE, ENGINE_IDLE, TICK, LEAD, WARM = 0.8, 1.0, 0.05, 0.4, 2.5
+KEEPALIVE, ENGINE_IDLE, TICK, LEAD, WARM, QUIET = 0.8, 1.0, 0.05, 0.4, 2.5, 0.2
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -68,7 +68,7 @@ async def warm_case(warm: float) -> dict[str, Any]:
     port = await engine.start()
     pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
     if warm > 0:
-        pool.keeper = engine_warm.Keeper(pool, warm, tick=TICK, per_tick=4, lead=LEAD)
+        pool.keeper = engine_warm.Keeper(pool, warm, tick=TICK, per_tick=4, lead=LEAD, quiet=QUIET)
     bodies = await burst(pool, 6)
     after_burst = engine.accepted
     await asyncio.sleep(1.6)  # twice the pool's keep-alive: without renewal, nothing is young
@@ -94,7 +94,7 @@ async def engine_gone() -> dict[str, Any]:
     engine = Engine()
     port = await engine.start()
     pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
-    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD)
+    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD, quiet=QUIET)
     await burst(pool, 4)
     assert engine.server is not None
     engine.server.close()
@@ -117,7 +117,7 @@ async def ready_case() -> dict[str, Any]:
     engine = Engine()
     port = await engine.start()
     pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
-    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD)
+    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD, quiet=QUIET)
     opened = await engine_warm.open_ready(pool, 6, step=4)
     report = {"opened": opened, "accepted": engine.accepted, "young": young(pool)}
     await asyncio.sleep(1.2)  # past the pool's keep-alive: renewal keeps them young from the opening on
@@ -135,9 +135,31 @@ async def ready_case() -> dict[str, Any]:
     return report
 
 
+async def busy_case() -> dict[str, Any]:
+    """Requests keep coming (one every TICK) while six idle connections are due: none is renewed
+    until QUIET after the last request."""
+    engine = Engine()
+    port = await engine.start()
+    pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
+    pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD, quiet=QUIET)
+    await burst(pool, 6)
+    await asyncio.sleep(LEAD + 0.05)  # all six due for renewal (idle >= KEEPALIVE - LEAD)
+    renewed_before = pool.keeper.renewed
+    for _ in range(10):  # one request every TICK for 0.5 s: the same (newest) connection each time
+        await burst(pool, 1)
+        await asyncio.sleep(TICK)
+    report = {"renewed_while_busy": pool.keeper.renewed - renewed_before}
+    await asyncio.sleep(QUIET + 0.3)
+    report["renewed_after"] = pool.keeper.renewed - renewed_before
+    pool.close()
+    assert engine.server is not None
+    engine.server.close()
+    return report
+
+
 async def main_async() -> dict[str, Any]:
     return {"warm": await warm_case(WARM), "off": await warm_case(0), "engine_gone": await engine_gone(),
-            "ready": await ready_case(),
+            "ready": await ready_case(), "busy": await busy_case(),
             "describe": [engine_warm.describe(60, 256), engine_warm.describe(0)]}
 
 

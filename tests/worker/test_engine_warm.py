@@ -85,6 +85,11 @@ def test_connections_opened_before_the_first_request_serve_its_burst(report: dic
     assert ready["bodies"] == ["{}"] * 6
 
 
+def test_nothing_is_renewed_while_requests_come(report: dict[str, Any]) -> None:
+    busy = report["busy"]
+    assert busy["renewed_while_busy"] == 0 and busy["renewed_after"] >= 5, busy
+
+
 def test_opening_stops_at_an_engine_that_refuses(report: dict[str, Any]) -> None:
     assert report["ready"]["refused"] == 0
 

@@ -14,7 +14,10 @@ connections are renewed before they grow too old to be handed out: every TICK, u
 those idle for `keepalive - LEAD` seconds or more are closed and as many new ones opened. The pool
 so keeps what the last burst needed for a minute after it, at ~0.15 ms per connection every ~3 s
 (measured at 256 connections: ~0.7 % of a core); then renewal stops and the pool empties as before. It never
-grows the pool, and a connection that cannot be opened stops renewal until the next request.
+grows the pool, and a connection that cannot be opened stops renewal until the next request. Nothing
+is renewed within QUIET of a request: a burst takes the idle connections itself, and a renewal in its
+middle closed some just before its requests reached them and spent the loop on handshakes they waited
+behind.
 
 A fresh worker's first burst had no connection to find: the platform routes a worker's first requests
 as soon as it reports itself loaded, often a queue of them at once, and that burst opened all its
@@ -43,6 +46,7 @@ DEFAULT = 60.0  # seconds after the last request during which idle engine connec
 TICK = 0.25  # seconds between two looks at the idle connections
 PER_TICK = 48  # renewals at once: 192 a second, 256 connections within their LEAD
 LEAD = 1.5  # seconds before the pool would stop handing a connection out that it is renewed
+QUIET = 0.5  # seconds without a request before renewal closes anything: never in the middle of a burst
 OPEN_STEP = 48  # connections opened at once for the first burst
 LOADED_POLL = 0.05  # seconds between looks at the SDK's loaded flag
 WHO = "engine_warm.py"
@@ -109,9 +113,9 @@ class Keeper:
     """Renews `pool`'s idle connections (a forward.Pool) while a request came in the last `seconds`."""
 
     def __init__(self, pool: Any, seconds: float, tick: float = TICK, per_tick: int = PER_TICK,
-                 lead: float = LEAD) -> None:
+                 lead: float = LEAD, quiet: float = QUIET) -> None:
         self.pool, self.seconds = pool, seconds
-        self.tick, self.per_tick, self.lead = tick, per_tick, lead
+        self.tick, self.per_tick, self.lead, self.quiet = tick, per_tick, lead, quiet
         self.timer: asyncio.TimerHandle | None = None
         self.opening = 0  # renewals under way
         self.failed = False  # a renewal could not connect: none until the next request
@@ -138,6 +142,11 @@ class Keeper:
         now = loop.time()
         if self.failed or now - pool.last_request > self.seconds:
             return  # quiet for longer than asked: the idle connections age out; the next put() re-arms
+        if now - pool.last_request < self.quiet:
+            # Requests are coming: they take the idle connections (newest first) and a renewal now would
+            # close some under them and open others on the loop they need.
+            self.arm()
+            return
         old_enough = pool.keepalive - self.lead
         room = self.per_tick - self.opening
         due = [conn for conn in pool.idle if now - conn.idle_since >= old_enough][:max(room, 0)]
