@@ -19,6 +19,10 @@ escapes (`"\\ud800"`): neither is JSON (RFC 8259), and an attacker could use eit
 worker fall back to a materialising parse. auth_data's url and signature longer than AUTH_TEXT_LIMIT
 are taken as not signed (the platform signs its worker URL: tens of bytes).
 
+The envelope the platform sends (every auth_data field, short strings, 64-bit integers, an object
+payload, no session_id, a UTF-8 body up to 64 KiB) is read in one typed decode instead (`read_plain`,
+~5 us against ~11-16): the same Envelope, or nothing and the reading above.
+
 A /session/* call (BAKERY_SESSIONS=true) is read the same way: its auth object (auth_data to create,
 session_auth after) is decoded alone and its signature checked before the body is parsed whole.
 
