@@ -151,6 +151,11 @@ async def busy_case() -> dict[str, Any]:
     report = {"renewed_while_busy": pool.keeper.renewed - renewed_before}
     await asyncio.sleep(QUIET + 0.3)
     report["renewed_after"] = pool.keeper.renewed - renewed_before
+    pool.keeper.stopping = lambda: True  # the worker drains: six due again, none renewed
+    await asyncio.sleep(LEAD + 0.3)
+    stopped_at = pool.keeper.renewed
+    await asyncio.sleep(0.5)
+    report["renewed_while_draining"] = pool.keeper.renewed - stopped_at
     pool.close()
     assert engine.server is not None
     engine.server.close()

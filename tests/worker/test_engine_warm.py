@@ -90,6 +90,10 @@ def test_nothing_is_renewed_while_requests_come(report: dict[str, Any]) -> None:
     assert busy["renewed_while_busy"] == 0 and busy["renewed_after"] >= 5, busy
 
 
+def test_nothing_is_renewed_once_the_worker_drains(report: dict[str, Any]) -> None:
+    assert report["busy"]["renewed_while_draining"] == 0, report["busy"]
+
+
 def test_opening_stops_at_an_engine_that_refuses(report: dict[str, Any]) -> None:
     assert report["ready"]["refused"] == 0
 

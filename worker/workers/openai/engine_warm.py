@@ -17,7 +17,7 @@ so keeps what the last burst needed for a minute after it, at ~0.15 ms per conne
 grows the pool, and a connection that cannot be opened stops renewal until the next request. Nothing
 is renewed within QUIET of a request: a burst takes the idle connections itself, and a renewal in its
 middle closed some just before its requests reached them and spent the loop on handshakes they waited
-behind.
+behind. Nothing is renewed once the worker drains: no request will come to use them.
 
 A fresh worker's first burst had no connection to find: the platform routes a worker's first requests
 as soon as it reports itself loaded, often a queue of them at once, and that burst opened all its
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from workers.openai import sdk_seam
@@ -86,8 +87,11 @@ async def open_ready(pool: Any, count: int, step: int = OPEN_STEP) -> int:
 
 
 def install(ctx: Any, pool: Any, count: int) -> None:
-    """Open `count` engine connections into `pool` once the SDK marks the model loaded (a startup
-    task of the server); nothing when `count` is 0."""
+    """Stop `pool`'s renewal when the worker drains (ctx.drain); open `count` engine connections into
+    it once the SDK marks the model loaded (a startup task of the server), none when `count` is 0."""
+    drain = getattr(ctx, "drain", None)
+    if pool.keeper is not None and drain is not None:
+        pool.keeper.stopping = lambda: bool(drain.draining)
     if count <= 0:
         return
     metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
@@ -119,6 +123,7 @@ class Keeper:
         self.timer: asyncio.TimerHandle | None = None
         self.opening = 0  # renewals under way
         self.failed = False  # a renewal could not connect: none until the next request
+        self.stopping: Callable[[], bool] = lambda: False  # the worker drains: no more renewal
         self.renewed = 0
 
     def request(self) -> None:
@@ -140,8 +145,8 @@ class Keeper:
         self.timer = None
         pool, loop = self.pool, asyncio.get_running_loop()
         now = loop.time()
-        if self.failed or now - pool.last_request > self.seconds:
-            return  # quiet for longer than asked: the idle connections age out; the next put() re-arms
+        if self.failed or now - pool.last_request > self.seconds or self.stopping():
+            return  # quiet for longer than asked (or draining): the idle connections age out
         if now - pool.last_request < self.quiet:
             # Requests are coming: they take the idle connections (newest first) and a renewal now would
             # close some under them and open others on the loop they need.
