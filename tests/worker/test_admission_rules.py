@@ -95,6 +95,27 @@ def test_a_hard_limit_below_the_need_is_a_warning_naming_the_cap(monkeypatch: py
     assert f"to {(2048 - admission.MAX_LINGERING - admission.SPARE_FDS) // 2} " in warning
 
 
+def test_engine_connections_opened_at_load_count_only_above_the_cap() -> None:
+    rest = admission.MAX_LINGERING + admission.SPARE_FDS
+    assert admission.fds_needed(100) == admission.fds_needed(100, 100) == 200 + rest
+    assert admission.fds_needed(100, 40) == 200 + rest  # a request takes an idle one before opening one
+    assert admission.fds_needed(100, 300) == 400 + rest
+
+
+def test_a_limit_too_low_for_the_connections_at_load_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    rest = admission.MAX_LINGERING + admission.SPARE_FDS
+    monkeypatch.setattr(admission.resource, "getrlimit", lambda _: (1024, 1024))
+    monkeypatch.setattr(admission.resource, "setrlimit", lambda *_: None)
+    warning = admission.raise_fd_limit(64, 4096)
+    assert warning is not None and "BAKERY_ENGINE_READY_CONNECTIONS=4096" in warning
+    assert f"lower BAKERY_ENGINE_READY_CONNECTIONS to {1024 - 64 - rest} " in warning
+    assert admission.raise_fd_limit(64, 1024 - 64 - rest) is None  # what it names fits
+    # A cap that alone does not fit: the cap is named first, the connections at load with it.
+    warning = admission.raise_fd_limit(1000, 4096)
+    assert warning is not None and f"lower BAKERY_MAX_CONNECTIONS to {(1024 - rest) // 2} " in warning
+    assert "(and BAKERY_ENGINE_READY_CONNECTIONS to at most that)" in warning
+
+
 def test_the_listen_backlog_is_the_cap_and_never_below_the_floor() -> None:
     assert admission.listen_backlog(8) == admission.MIN_BACKLOG
     assert admission.listen_backlog(admission.MIN_BACKLOG + 1) == admission.MIN_BACKLOG + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,3 +139,31 @@ def test_with_none_asked_only_requests_open_engine_connections(harness: Harness)
     assert "none opened before the first request (BAKERY_ENGINE_READY_CONNECTIONS=0)" in served.worker.text
     time.sleep(1.0)
     assert open_to(engine.port) <= OTHERS
+
+
+def max_open_files(pid: int) -> int:
+    """The soft open-files limit of process `pid` (/proc/PID/limits)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"/proc/{pid}/limits names no open-files limit")
+
+
+def test_connections_opened_at_load_count_in_the_open_files_limit(harness: Harness) -> None:
+    """More engine connections asked at load than BAKERY_MAX_CONNECTIONS admits: the worker, started
+    with a soft limit of 1024 open files, raises it to hold the cap's client connections, the 1024
+    engine ones and the rest (admission.fds_needed), and opens them all."""
+    engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")  # started with this process's own limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 64 + 1024 + 128 + 64  # the cap, the connections at load, admission's lingering and spare
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.fail(f"this machine's hard open-files limit ({hard}) is below the {need} this test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what the worker inherits
+    try:
+        served = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_MAX_CONNECTIONS="64",
+                               BAKERY_ENGINE_READY_CONNECTIONS="1024")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert max_open_files(served.worker.popen.pid) >= need
+    assert 1024 <= until(lambda: open_to(engine.port), 1024) <= 1024 + OTHERS
+    assert "open-files limit" not in served.worker.text

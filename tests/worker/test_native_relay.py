@@ -281,3 +281,31 @@ def test_a_head_over_the_bound_is_refused(helper: Helper) -> None:
     assert helper.done() == (ident, REFUSED, 0)
     assert read_until_closed(client) == b""  # both its descriptors were closed there
     assert engine.recv(1) == b""
+
+
+def test_a_helper_that_exits_is_collected_and_its_end_said(caplog: pytest.LogCaptureFixture) -> None:
+    """native_relay.Relay, as the worker runs it, on a program that exits at once with status 3: the
+    worker sees its socket close, says how it ended, and collects its exit (no zombie is left)."""
+    import asyncio
+    import logging
+
+    from workers.openai import native_relay
+
+    async def run(program: Path) -> native_relay.Relay:
+        relay = native_relay.Relay(program)
+        relay._watch(asyncio.get_running_loop())  # as the first start() does
+        for _ in range(100):
+            if relay.dead and relay.process.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        return relay
+
+    script = Path(__file__).parent / "exit_3.sh"
+    with caplog.at_level(logging.WARNING, logger="bakery.relay"):
+        relay = asyncio.run(run(script))
+    assert relay.dead
+    assert relay.process.returncode == 3  # collected: poll() took its exit status
+    gone = [r.getMessage() for r in caplog.records if "is gone" in r.getMessage()]
+    assert len(gone) == 1 and (f"pid {relay.process.pid}) is gone (" in gone[0]), gone
+    assert "exit status 3" in gone[0] or "its exit not collected yet" in gone[0], gone
+    assert not Path(f"/proc/{relay.process.pid}").exists()  # no zombie left behind

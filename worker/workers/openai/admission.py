@@ -52,6 +52,7 @@ from workers.openai import config, drain, front, sdk_seam
 
 BYTES_VAR = "BAKERY_MAX_BUFFERED_BYTES"
 CONNECTIONS_VAR = "BAKERY_MAX_CONNECTIONS"
+READY_VAR = "BAKERY_ENGINE_READY_CONNECTIONS"  # engine_warm.py: engine connections opened at load
 BODY_VAR = "BAKERY_MAX_BODY_BYTES"
 # A refused connection waits this long for the client to read the answer and close (a reset could
 # lose the answer at the client), and is dropped once it sent this much more.
@@ -296,16 +297,17 @@ def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: i
     return admission
 
 
-def fds_needed(max_connections: int) -> int:
+def fds_needed(max_connections: int, engine_ready: int = 0) -> int:
     """Open files the worker may need at the cap: each connection, an engine connection per admitted
-    request, the lingering refusals and the rest."""
-    return 2 * max_connections + MAX_LINGERING + SPARE_FDS
+    request or per one opened at load (`engine_ready`, BAKERY_ENGINE_READY_CONNECTIONS), whichever
+    are more (a request takes an idle one before it opens one), the lingering refusals and the rest."""
+    return max_connections + max(max_connections, engine_ready) + MAX_LINGERING + SPARE_FDS
 
 
-def raise_fd_limit(max_connections: int) -> str | None:
+def raise_fd_limit(max_connections: int, engine_ready: int = 0) -> str | None:
     """Raise the soft open-files limit to what the cap needs (up to the hard limit); a warning when
     even the hard limit is too low, else None."""
-    need = fds_needed(max_connections)
+    need = fds_needed(max_connections, engine_ready)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return None
@@ -318,9 +320,15 @@ def raise_fd_limit(max_connections: int) -> str | None:
             pass
     if soft >= need:
         return None
+    room = soft - max_connections - MAX_LINGERING - SPARE_FDS  # engine connections that fit beside the cap
+    if engine_ready > max_connections and room >= max_connections:
+        return (f"the open-files limit ({soft}) is below the {need} that {READY_VAR}={engine_ready} with "
+                f"{CONNECTIONS_VAR}={max_connections} can need: lower {READY_VAR} to {room} or raise the "
+                "container's nofile limit")
+    also = f" (and {READY_VAR} to at most that)" if engine_ready > max_connections else ""
     return (f"the open-files limit ({soft}) is below the {need} that {CONNECTIONS_VAR}={max_connections} "
-            f"can need: lower {CONNECTIONS_VAR} to {max(1, (soft - MAX_LINGERING - SPARE_FDS) // 2)} or raise the "
-            "container's nofile limit")
+            f"can need: lower {CONNECTIONS_VAR} to {max(1, (soft - MAX_LINGERING - SPARE_FDS) // 2)}{also} or "
+            "raise the container's nofile limit")
 
 
 def listen_backlog(max_connections: int) -> int:

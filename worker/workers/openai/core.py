@@ -859,6 +859,11 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     if pool is not None:
         engine_warm.install(ctx, pool, settings.engine_ready_connections)
+        if ctx.admission is not None and settings.engine_ready_connections > limits.max_connections:
+            # admission raised the open-files limit for one engine connection per admitted request
+            warning = admission.raise_fd_limit(limits.max_connections, settings.engine_ready_connections)
+            if warning:
+                _warn(warning)
     return ctx
 
 

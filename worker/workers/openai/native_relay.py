@@ -44,6 +44,7 @@ _START = struct.Struct("<cII")  # then the head, if any
 _DONE = struct.Struct("<IHHQ")  # id, outcome, flags, body bytes moved
 HEAD_WRITTEN = 1  # a done message's flag: the start's head reached the client
 HEAD_MAX = 16384  # bakery_relay.c's bound on a head handed with a stream
+REAP_TRIES, REAP_STEP = 50, 0.1  # a helper gone is collected within 5 s of its socket closing
 log = logging.getLogger("bakery.relay")
 
 ACTIVE: Relay | None = None  # the worker's helper, once started (forward.relay reads it)
@@ -96,12 +97,24 @@ class Relay:
         self.dead = True
         if self.loop is not None:
             self.loop.remove_reader(self.sock.fileno())
-        log.warning("bakery-worker: warning: bakery-relay (pid %s) is gone: %d stream(s) in it end, the next "
-                    "are relayed in Python", self.process.pid, len(self.waiting))
+        self.sock.close()  # the helper's end is gone: nothing more comes or goes on it
+        log.warning("bakery-worker: warning: bakery-relay (pid %s) is gone (%s): %d stream(s) in it end, the "
+                    "next are relayed in Python", self.process.pid, self._reap(), len(self.waiting))
         for future in self.waiting.values():
             if not future.done():
                 future.set_result((ENGINE_ERR, 0, 0))
         self.waiting.clear()
+
+    def _reap(self, tries: int = REAP_TRIES) -> str:
+        """Collect the helper's exit (else it stays a zombie until the worker exits) and say how it
+        ended. Its control socket closes as it exits, a moment before the exit can be collected, so
+        a helper not yet collected is looked at again from the loop, REAP_TRIES times at most."""
+        code = self.process.poll()
+        if code is None:
+            if tries > 1 and self.loop is not None and not self.loop.is_closed():
+                self.loop.call_later(REAP_STEP, self._reap, tries - 1)
+            return "its exit not collected yet"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
     def start(self, client_fd: int, engine_fd: int, idle: float,
               head: bytes = b"") -> tuple[int, asyncio.Future[tuple[int, int, int]]] | None:
