@@ -46,7 +46,7 @@ BODY_MAX = 64 * 1024  # a larger body goes to aiohttp (its reads let the loop go
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _LENGTH = re.compile(rb"[0-9]{1,9}\Z")
-_REFUSED_HEADERS = (b"transfer-encoding", b"expect", b"upgrade", b"content-encoding")
+_REFUSED_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"))
 JSON_TYPES = (b"application/json",)
 REASONS = {status.value: status.phrase for status in HTTPStatus}
 log = logging.getLogger("bakery.wire")
@@ -73,14 +73,22 @@ def parse_head(head: bytes) -> tuple[bytes, bytes, dict[bytes, bytes]] | None:
 
 
 class _Request:
-    """What the access logger reads of a request served here."""
+    """What the access logger reads of a request served here. Its headers are decoded only when a
+    line is written (the quiet logger skips a model request answered 2xx before reading any)."""
 
-    __slots__ = ("body", "headers", "method", "path", "path_qs", "remote", "version")
+    __slots__ = ("_headers", "_raw", "body", "method", "path", "path_qs", "remote", "version")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes, remote: str | None) -> None:
-        self.method, self.path, self.path_qs, self.headers, self.body, self.remote = (
-            method, path, path, headers, body, remote)
+    def __init__(self, method: str, path: str, raw: dict[bytes, bytes], body: bytes, remote: str | None) -> None:
+        self.method, self.path, self.path_qs, self._raw, self.body, self.remote = (
+            method, path, path, raw, body, remote)
+        self._headers: dict[str, str] | None = None
         self.version = _HTTP11
+
+    @property
+    def headers(self) -> dict[str, str]:
+        if self._headers is None:
+            self._headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._raw.items()}
+        return self._headers
 
 
 
@@ -231,7 +239,7 @@ class Connection(asyncio.Protocol):
         route = self.owner.handlers.get(target)
         length = headers.get(b"content-length")
         if (route is None or method != b"POST" or length is None or not _LENGTH.match(length)
-                or any(name in headers for name in _REFUSED_HEADERS)):
+                or not _REFUSED_HEADERS.isdisjoint(headers)):
             self.hand_off()
             return
         size = int(length)
@@ -254,8 +262,7 @@ class Connection(asyncio.Protocol):
             return
         self._disarm()
         self.buffer = buffer[end + 4 + size:]
-        request = _Request("POST", route[0], {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()},
-                           body, _peer(self.transport))
+        request = _Request("POST", route[0], headers, body, _peer(self.transport))
         self.task = asyncio.get_running_loop().create_task(self._serve(route[1], request, parsed_body, size, close))
 
     def _parse(self, handler: Any, body: bytes) -> tuple[Any, Any] | None:
