@@ -398,6 +398,10 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        from workers.openai import native_relay
+
+        if native_relay.ACTIVE is not None:  # looked up now, not in the request that first lends it
+            self.fd()
 
     def fd(self) -> int | None:
         """The socket's descriptor (None for TLS or none), looked up once: uvloop makes a socket
@@ -575,18 +579,20 @@ async def relay(transport: Any, answer: Answer, chunked: bool) -> None:
 
 
 async def relay_native(transport: Any, answer: Answer, head: bytes = b"",
-                        head_went: Callable[[], None] | None = None) -> int | None:
+                        head_went: Callable[[], None] | None = None, client_fd: int | None = None) -> int | None:
     """The rest of the body through bakery-relay (native_relay.py) when it can take it, with the
     answer's `head` when the client has not had it (the helper writes it with the first body bytes;
     `head_went` is called once it did); None when not handed (then the caller writes and relays it),
-    else the body bytes it moved. Returns at the body's end, raising as relay() would."""
+    else the body bytes it moved. Returns at the body's end, raising as relay() would. `client_fd` is
+    the client socket's descriptor when the caller looked it up already (native_relay.socket_fd)."""
     from workers.openai import native_relay
 
     helper = native_relay.ACTIVE
     if helper is None or helper.dead:
         return None
     engine_fd = answer.lendable()
-    client_fd = native_relay.socket_fd(transport)
+    if client_fd is None or transport.is_closing():
+        client_fd = native_relay.socket_fd(transport)
     if engine_fd is None or client_fd is None or transport.get_write_buffer_size():
         return None
     handed = helper.start(client_fd, engine_fd, answer.idle_timeout, head)

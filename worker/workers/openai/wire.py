@@ -39,7 +39,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
 
-from workers.openai import forward, front, sdk_seam
+from workers.openai import forward, front, native_relay, sdk_seam
 
 HEAD_MAX = 8 * 1024  # a head longer than this goes to aiohttp (which has its own limits)
 BODY_MAX = 64 * 1024  # a larger body goes to aiohttp (its reads let the loop go between steps)
@@ -163,12 +163,18 @@ class Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.counted = True  # in Connections.fronted until handed to aiohttp or lost
+        self.peer: str | None = None  # the client's address
+        self.fd: int | None = None  # the client socket's descriptor, when bakery-relay may take its streams
         self.head_sent = False  # of the request being served
 
     # -- asyncio's calls
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        # Facts of the connection, looked up as it opens rather than in its first request (a burst's
+        # requests come on connections opened before it).
+        self.peer = _peer(self.transport)
+        self.fd = native_relay.socket_fd(self.transport) if native_relay.ACTIVE is not None else None
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -262,7 +268,7 @@ class Connection(asyncio.Protocol):
             return
         self._disarm()
         self.buffer = buffer[end + 4 + size:]
-        request = _Request("POST", route[0], headers, body, _peer(self.transport))
+        request = _Request("POST", route[0], headers, body, self.peer)
         self.task = asyncio.get_running_loop().create_task(self._serve(route[1], request, parsed_body, size, close))
 
     def _parse(self, handler: Any, body: bytes) -> tuple[Any, Any] | None:
@@ -386,7 +392,7 @@ class Connection(asyncio.Protocol):
             if not pieces and not answer.ended and self.transport is not None:
                 # bakery-relay, when it takes the body, writes the head with its first bytes: at a
                 # burst the first token then waits for no turn of this loop (native_relay.py).
-                moved = await forward.relay_native(self.transport, answer, head, self._head_went)
+                moved = await forward.relay_native(self.transport, answer, head, self._head_went, self.fd)
                 if moved is not None:
                     self._write(b"0\r\n\r\n")
                     return _Written(answer.status, sent, moved)
