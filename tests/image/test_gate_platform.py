@@ -588,7 +588,8 @@ def test_docker_stop_drains_on_the_signed_path(side: SideLaunches) -> None:
     mark("engine continued")
     sender.join(60)
     stopper.join(DOCKER_GRACE + 20)
-    assert answer.get("status") == 200 and "error" not in answer, \
+    # "body" missing: the answer's head came but its end had not when the wait above gave up.
+    assert answer.get("status") == 200 and "error" not in answer and "body" in answer, \
         f"the answer in flight did not arrive whole: {answer.get('status')} {answer.get('error')} " \
         f"{answer.get('body', b'')[-300:]!r}\ntimeline (s from the freeze): {timeline}, exit code " \
         f"{launched.exit_code()}\n{launched.logs()[-3000:]}"
