@@ -8,7 +8,9 @@ worker on both relays is held to the same answers in test_native_relay_worker.py
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import socket
 import struct
 import subprocess
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from workers.openai import native_relay
 
 from tests.worker.helpers import relay_program_path
 
@@ -286,10 +289,6 @@ def test_a_head_over_the_bound_is_refused(helper: Helper) -> None:
 def test_a_helper_that_exits_is_collected_and_its_end_said(caplog: pytest.LogCaptureFixture) -> None:
     """native_relay.Relay, as the worker runs it, on a program that exits at once with status 3: the
     worker sees its socket close, says how it ended, and collects its exit (no zombie is left)."""
-    import asyncio
-    import logging
-
-    from workers.openai import native_relay
 
     async def run(program: Path) -> native_relay.Relay:
         relay = native_relay.Relay(program)
