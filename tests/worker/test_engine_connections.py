@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from workers.openai import admission
 
 from bakery.paths import REPO_ROOT
 from tests.worker.helpers import Harness
@@ -155,7 +156,7 @@ def test_connections_opened_at_load_count_in_the_open_files_limit(harness: Harne
     engine ones and the rest (admission.fds_needed), and opens them all."""
     engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")  # started with this process's own limit
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 64 + 1024 + 128 + 64  # the cap, the connections at load, admission's lingering and spare
+    need = admission.fds_needed(64, 1024)  # the cap, the connections at load, the lingering and spare
     if hard != resource.RLIM_INFINITY and hard < need:
         pytest.fail(f"this machine's hard open-files limit ({hard}) is below the {need} this test needs")
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what the worker inherits
