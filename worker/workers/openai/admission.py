@@ -88,31 +88,48 @@ class Overbudget(Exception):
 
 
 class Budget:
-    """The request body bytes all requests hold at once, against `limit`."""
+    """The request body bytes all requests hold at once, against `limit` (with front processes, the
+    bytes every process holds: `share`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
         self.refused = 0
+        self.slots: Any = None  # fronts.Slots: each process's bytes held, this one's in `slot`
+        self.slot = 0
+
+    def share(self, slots: Any, slot: int) -> None:
+        """Count the bytes other processes hold (their slots of `slots`), and publish ours in `slot`."""
+        self.slots, self.slot = slots, slot
+        slots.view[slot] = self.held
+
+    def _fits(self, size: int) -> bool:
+        held = self.held + size
+        return held <= self.limit if self.slots is None else held + self.slots.others(self.slot) <= self.limit
+
+    def _set(self, held: int) -> None:
+        self.held = held
+        if self.slots is not None:
+            self.slots.view[self.slot] = held
 
     def reserve(self, size: int) -> bool:
         """Take `size` bytes if they fit (then True); else count a refusal and take nothing."""
-        if self.held + size > self.limit:
+        if not self._fits(size):
             self.refused += 1
             return False
-        self.held += size
+        self._set(self.held + size)
         return True
 
     def take(self, size: int) -> bool:
         """reserve() for a request that goes elsewhere when it does not fit: no refusal counted."""
-        if self.held + size > self.limit:
+        if not self._fits(size):
             return False
-        self.held += size
+        self._set(self.held + size)
         return True
 
     def release(self, size: int) -> None:
         """Give back `size` bytes taken by reserve()."""
-        self.held -= size
+        self._set(self.held - size)
 
 
 class Ticket:

@@ -192,6 +192,8 @@ class Context:
     admission: tuple[Any, Any] | None = None  # (Budget, Connections) of the limits guard, when installed
     drain: Any = None  # serving.install's Drain
     signature_known: Callable[[str, str], bool] | None = None  # signature_memo's knows(url, signature)
+    pool: Any = None  # forward.Pool, the engine connections (core.install_parts)
+    key_changed: list[Callable[[], None]] = field(default_factory=list)  # called when key rotation loads a key
 
 
 _OUTCOME = front.OUTCOME  # the engine call's timeout, for the limits_engine middleware's 504
@@ -357,6 +359,14 @@ def _install_envelope(ctx: Context, web: Any) -> None:
     ctx.middlewares.append((RANK["envelope"], signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
 
 
+def new_key(ctx: Context, key: Any) -> None:
+    """Load the platform's new key, and tell who must know in the same step (fronts.py: a front process
+    serves no pair of the old key from here on)."""
+    sdk_seam.put(ctx.backend, "pubkey", key)
+    for changed in ctx.key_changed:
+        changed()
+
+
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     backend, limits = ctx.backend, ctx.limits
     _hook(backend, "fetch_pubkey", "pubkey_retry")
@@ -370,7 +380,7 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     rotation = key_rotation.Rotation(
         url, limits.pubkey_refresh, limits.pubkey_refetch_min,
         lambda: key_rotation.fetch_key(url, limits.pubkey_fetch_timeout),
-        lambda: sdk_seam.get(backend, "pubkey"), lambda key: sdk_seam.put(backend, "pubkey", key))
+        lambda: sdk_seam.get(backend, "pubkey"), lambda key: new_key(ctx, key))
 
     def model_loaded(max_throughput: float) -> None:
         if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:

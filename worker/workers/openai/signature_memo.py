@@ -110,7 +110,13 @@ def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
         key = sdk_seam.get(backend, "pubkey")
         return key is not None and any(known is key for known in accepted.values())
 
+    def pairs() -> list[tuple[str, str]]:
+        """The pairs accepted under the key loaded now (what front processes serve, fronts.py)."""
+        key = sdk_seam.get(backend, "pubkey")
+        return [] if key is None else [pair for pair, known in accepted.items() if known is key]
+
     knows.any = knows_any  # type: ignore[attr-defined]
+    knows.pairs = pairs  # type: ignore[attr-defined]
     check_signature.knows = knows  # type: ignore[attr-defined]
     return check_signature
 
