@@ -98,8 +98,8 @@ def test_every_row_is_well_formed() -> None:
 
 def test_strict_and_warning_variables_are_the_documented_ones() -> None:
     """Guard limits, UNSECURED and the drain stop the worker; the benchmark, readiness, upload and
-    late-error numbers, BAKERY_LOG_REQUESTS, BAKERY_EVENT_LOOP, BAKERY_FRONT, BAKERY_RELAY,
-    BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the log-line lists
+    late-error numbers, BAKERY_LOG_REQUESTS, BAKERY_EVENT_LOOP, BAKERY_FRONT, BAKERY_FRONT_PROCESSES,
+    BAKERY_RELAY, BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the log-line lists
     warn and take
     their default."""
     strict = {v.name for v in config.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
@@ -111,8 +111,8 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
                       "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS", "BAKERY_LATE_ERROR_PROBES",
                       "BAKERY_LATE_ERROR_INTERVAL", "BAKERY_LOAD_BEGIN_LOG_MSGS", "BAKERY_WEIGHTS_LOADED_LOG_MSGS",
-                      "BAKERY_EVENT_LOOP", "BAKERY_FRONT", "BAKERY_RELAY", "BAKERY_ENGINE_KEEP_WARM",
-                      "BAKERY_ENGINE_READY_CONNECTIONS"}
+                      "BAKERY_EVENT_LOOP", "BAKERY_FRONT", "BAKERY_FRONT_PROCESSES", "BAKERY_RELAY",
+                      "BAKERY_ENGINE_KEEP_WARM", "BAKERY_ENGINE_READY_CONNECTIONS"}
 
 
 @pytest.mark.parametrize("raw", [None, "", "  ", "\t\n"])

@@ -61,7 +61,8 @@ def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(harnes
     steps.mkdir()
     engine = harness.standin("vllm", STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
                              STANDIN_REPLY_TOKENS="20")
-    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL), engine.log
+    # One process's pool (a front process has its own: requests on new connections alternate).
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_FRONT_PROCESSES="0"), engine.log
     route = "/v1/chat/completions"
     before = len(engine_ports(log, route))
     for idx in range(3):
@@ -91,7 +92,8 @@ def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(harness
     assert keepalive <= ENGINES_KEEPALIVE - MARGIN, f"ENGINE_KEEPALIVE {keepalive} s is too close to the engines' 5 s"
     engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
     # The pool's own rule, without renewal between bursts (engine_warm.py; test_engine_warm.py).
-    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_ENGINE_KEEP_WARM="0"), engine.log
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_ENGINE_KEEP_WARM="0",
+                                BAKERY_FRONT_PROCESSES="0"), engine.log  # one process's pool, as above
     assert "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)" in served.worker.text
     route = "/v1/chat/completions"
     before = len(engine_ports(log, route))
@@ -128,7 +130,8 @@ def test_a_loaded_worker_has_opened_its_first_bursts_engine_connections(harness:
     request; the SDK's benchmark and its own aiohttp session (health probes) may hold a few more."""
     engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
     served = harness.serve("vllm", engine, MODEL_NAME=MODEL)
-    assert "256 opened when the model is loaded (BAKERY_ENGINE_READY_CONNECTIONS)" in served.worker.text
+    assert re.search(r"256 opened when the model is loaded(, 128 by each of the worker's processes)? "
+                     r"\(BAKERY_ENGINE_READY_CONNECTIONS\)", served.worker.text), served.worker.text
     assert 256 <= until(lambda: open_to(engine.port), 256) <= 256 + OTHERS
     one_answer(served.port, "/v1/chat/completions", 1)  # served on one of them: none more opened
     assert open_to(engine.port) <= 256 + OTHERS

@@ -148,7 +148,8 @@ def test_a_key_the_autoscaler_no_longer_serves_is_refused_within_the_refresh(
     refused and B accepted."""
     key_a, key_b, _ = keys
     reports = harness.report_server(key_a.pem)
-    served = secured(harness, start_engine(harness), reports, BAKERY_PUBKEY_REFRESH="3")
+    # With a front process (fronts.py): the connections it is given must not pass A's pair either.
+    served = secured(harness, start_engine(harness), reports, BAKERY_PUBKEY_REFRESH="3", BAKERY_FRONT_PROCESSES="1")
     served.worker.wait_for(SDK_READY, timeout=60)
     reports.wait_loaded()
     assert _status(served.port, key_a, 1) == 200
@@ -170,7 +171,8 @@ def test_a_run_of_failures_fetches_the_new_key_and_a_flood_is_rate_limited(
     makes at most one fetch per BAKERY_PUBKEY_REFETCH_MIN."""
     key_a, key_b, never = keys
     reports = harness.report_server(key_a.pem)
-    served = secured(harness, start_engine(harness), reports, BAKERY_PUBKEY_REFETCH_MIN="2")
+    served = secured(harness, start_engine(harness), reports, BAKERY_PUBKEY_REFETCH_MIN="2",
+                     BAKERY_FRONT_PROCESSES="1")  # as above
     served.worker.wait_for(SDK_READY, timeout=60)
     reports.wait_loaded()
     port = served.port

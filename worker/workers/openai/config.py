@@ -92,6 +92,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_EVENT_LOOP", "choice", "uvloop", "warn", "core", "uvloop | asyncio: the worker's event loop"),
     Var("BAKERY_FRONT", "choice", "wire", "warn", "core",
         "wire | aiohttp: who reads port 3000's connections first (wire.py; aiohttp: every request aiohttp.web's)"),
+    Var("BAKERY_FRONT_PROCESSES", "count", None, "warn", "fronts",
+        "processes besides the worker that serve the plain signed requests of the connections given them "
+        "(fronts.py; 0: the worker alone; default: 1 when the worker may run on 2 CPUs or more, else 0)"),
     Var("BAKERY_RELAY", "choice", "native", "warn", "core",
         "native | python: who moves a streamed body after its head (native_relay.py: bakery-relay, in C)"),
     Var("BAKERY_ENGINE_KEEP_WARM", "seconds", 60.0, "warn", "core",

@@ -38,6 +38,7 @@ from workers.openai import (
     engine_warm,
     event_loop,
     forward,
+    fronts,
     guards,
     late_errors,
     native_relay,
@@ -162,6 +163,7 @@ class Settings:
     front: str = FRONTS[0]  # BAKERY_FRONT: wire.py reads port 3000's connections first, or aiohttp.web alone
     relay: str = native_relay.DEFAULT  # BAKERY_RELAY: bakery-relay moves streamed bodies, or Python does
     relay_program: str | None = None  # BAKERY_RELAY_PROGRAM
+    front_processes: int = 0  # BAKERY_FRONT_PROCESSES (fronts.py)
     engine_keep_warm: float = engine_warm.DEFAULT  # BAKERY_ENGINE_KEEP_WARM: seconds (engine_warm.py)
     engine_ready_connections: int = 0  # BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py)
     unsecured: bool = False  # UNSECURED, read strictly: the SDK is handed this reading (run())
@@ -291,6 +293,18 @@ def check_platform_env(env: Mapping[str, str]) -> tuple[int, int]:
     return worker_port, http_port
 
 
+def front_processes(env: Mapping[str, str], front: str, warnings: list[str]) -> int:
+    """BAKERY_FRONT_PROCESSES (fronts.count), 0 unless the wire front reads port 3000 (a front process
+    runs it): asked for with BAKERY_FRONT=aiohttp, a warning."""
+    count = fronts.count(env, warnings)
+    if front == "wire" or count == 0:
+        return count
+    if config.is_set(env, fronts.PROCESSES_VAR):
+        warnings.append(f"{fronts.PROCESSES_VAR}={count} needs {FRONT_VAR}=wire (a front process runs the wire "
+                        "front); the worker serves alone")
+    return 0
+
+
 def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     """Resolve every setting from `defaults` and `env`. Raises ConfigError on unusable input."""
     warnings: list[str] = []
@@ -360,6 +374,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         front=front,
         relay=relay,
         relay_program=_value(env, "BAKERY_RELAY_PROGRAM"),
+        front_processes=front_processes(env, front, warnings),
         engine_keep_warm=config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings),
         engine_ready_connections=config.read(env, "BAKERY_ENGINE_READY_CONNECTIONS", warnings=warnings,
                                              default=defaults.ready_connections),
@@ -842,14 +857,16 @@ def load_config(defaults: EngineDefaults, env: Mapping[str, str]) -> WorkerConfi
                         run_dir=config.read(env, "BAKERY_RUN_DIR"), stage_lines=stage_lines)
 
 
-def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | None) -> Any:
+def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | None,
+                  signature_layer: Any = signature_memo.install) -> Any:
     """Add to the SDK's `worker` everything bakery adds, in its order; the guards' Context. Raises
-    guards.GuardError when an SDK hook is gone."""
+    guards.GuardError when an SDK hook is gone. `signature_layer(backend)` makes the innermost layer
+    of the signature check and returns its knows(url, signature) (a front process's: the primary's pairs)."""
     settings, limits = cfg.settings, cfg.limits
     # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
     pool = forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
                            guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
-    known = signature_memo.install(worker.backend)  # likewise: the innermost layer of the signature check
+    known = signature_layer(worker.backend)  # likewise: the innermost layer of the signature check
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers)
     ctx.signature_known = known
@@ -857,8 +874,9 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
                     settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
                     stages.Stages(cfg.stage_lines, _say))  # the time to ready's stages
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
+    ctx.pool = pool
     if pool is not None:
-        engine_warm.install(ctx, pool, settings.engine_ready_connections)
+        engine_warm.install(ctx, pool, fronts.ready_share(settings.engine_ready_connections, settings.front_processes))
         if ctx.admission is not None and settings.engine_ready_connections > limits.max_connections:
             # admission raised the open-files limit for one engine connection per admitted request
             warning = admission.raise_fd_limit(limits.max_connections, settings.engine_ready_connections)
@@ -868,11 +886,12 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
 
 
 def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str, Any] | None,
-                  serve: Any, header_timeout: float) -> str:
-    """Put wire.py's front on WORKER_PORT's connections (BAKERY_FRONT=wire, the default); the startup
-    line saying who reads them. Call after the access logger class is chosen (wire logs through it)."""
+                  serve: Any, header_timeout: float) -> tuple[str, Any]:
+    """Put wire.py's front on WORKER_PORT's connections (BAKERY_FRONT=wire, the default); (the startup
+    line saying who reads them, the wire.Front or None). Call after the access logger class is chosen
+    (wire logs through it)."""
     if settings.front != "wire":
-        return f"bakery-worker: front: aiohttp.web reads every request ({FRONT_VAR}=aiohttp)"
+        return f"bakery-worker: front: aiohttp.web reads every request ({FRONT_VAR}=aiohttp)", None
     from workers.openai import wire  # msgspec (signed_first): the worker venv's
     served = {route: handlers[route] for route in settings.routes.routes if handlers and route in handlers}
     made = None
@@ -882,9 +901,38 @@ def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str
                             lambda: bool(metrics.system_metrics.model_is_loaded))
     if made is None:
         return (f"bakery-worker: front: aiohttp.web reads every request (the wire front needs the limits "
-                f"guard, the drain and the SDK's route handlers; {FRONT_VAR}=wire asked for it)")
+                f"guard, the drain and the SDK's route handlers; {FRONT_VAR}=wire asked for it)"), None
     return (f"bakery-worker: front: wire.py serves plain signed requests to {', '.join(served)} below "
-            f"aiohttp.web (bodies up to {wire.BODY_MAX} bytes); everything else is aiohttp.web's ({FRONT_VAR})")
+            f"aiohttp.web (bodies up to {wire.BODY_MAX} bytes); everything else is aiohttp.web's ({FRONT_VAR})"), made
+
+
+def install_fronts(defaults: EngineDefaults, settings: Settings, ctx: Any, backend: Any, made: Any) -> str | None:
+    """Start BAKERY_FRONT_PROCESSES front processes with the server (fronts.py); the startup line, or
+    None when there are none."""
+    count = settings.front_processes
+    if count <= 0:
+        return None
+    if made is None or ctx.signature_known is None or ctx.admission is None:
+        _warn(f"{fronts.PROCESSES_VAR}={count}: front processes need the wire front ({FRONT_VAR}=wire, "
+              "the SDK's route handlers, the limits guard); the worker serves alone")
+        return None
+    metrics = sdk_seam.find(backend, "metrics", "fronts.py")
+    slots = fronts.Slots(count + 1)
+    ctx.admission[0].share(slots, 0)  # the body budget: every process's bytes
+    fleet = fronts.Fleet(count, defaults, backend, ctx.drain, ctx.signature_known,
+                         loaded=lambda: bool(metrics.system_metrics.model_is_loaded),
+                         wait_time=lambda: sdk_seam.get(metrics, "model_metrics").wait_time,
+                         slots=slots, released=made.released)
+    made.fleet = fleet
+    fleet.take_back = made.take_back
+    ctx.drain.notes.append(fleet.draining)
+    ctx.key_changed.append(fleet.key_changed)
+
+    async def start(_app: Any) -> None:
+        fleet.start()  # once: on_startup runs for each of the SDK's two apps
+
+    ctx.on_startup.append(start)
+    return fleet.describe()
 
 
 def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
@@ -959,7 +1007,11 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         if missing:
             _warn(f"the SDK's per-request lines cannot be dropped (no logger in {', '.join(missing)}); "
                   f"they are logged as with {LOG_REQUESTS_VAR}=true")
-    _say(install_front(settings, ctx, worker.backend, handlers, serve, limits.header_timeout))
+    front_line, made = install_front(settings, ctx, worker.backend, handlers, serve, limits.header_timeout)
+    _say(front_line)
+    fronts_line = install_fronts(defaults, settings, ctx, worker.backend, made)
+    if fronts_line:
+        _say(fronts_line)
     loop_name, loop_warning = event_loop.install(settings.loop_choice)
     if loop_warning:
         _warn(loop_warning)
@@ -968,7 +1020,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if relay_warning:
         _warn(relay_warning)
     _say(f"bakery-worker: streamed bodies after their head: {relay_name}")
-    _say(f"bakery-worker: {engine_warm.describe(settings.engine_keep_warm, settings.engine_ready_connections)}")
+    share = fronts.ready_share(settings.engine_ready_connections, settings.front_processes)
+    _say(f"bakery-worker: {engine_warm.describe(settings.engine_keep_warm, settings.engine_ready_connections, share)}")
     if native_relay.ACTIVE is not None and ctx.drain is not None:
         ctx.drain.notes.append(native_relay.ACTIVE.describe)  # said when the drain begins
     try:

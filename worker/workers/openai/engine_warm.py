@@ -54,15 +54,16 @@ WHO = "engine_warm.py"
 log = logging.getLogger("bakery.engine_warm")
 
 
-def describe(seconds: float, ready: int = 0) -> str:
+def describe(seconds: float, ready: int = 0, share: int | None = None) -> str:
     """The startup line's words for BAKERY_ENGINE_KEEP_WARM=`seconds` and
-    BAKERY_ENGINE_READY_CONNECTIONS=`ready`."""
+    BAKERY_ENGINE_READY_CONNECTIONS=`ready` (`share` of them by each process, with front processes)."""
     if seconds <= 0:
         said = "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)"
     else:
         said = f"idle engine connections: renewed for {seconds:g} s after the last request"
     if ready > 0:
-        return f"{said}; {ready} opened when the model is loaded (BAKERY_ENGINE_READY_CONNECTIONS)"
+        each = f", {share} by each of the worker's processes" if share is not None and share != ready else ""
+        return f"{said}; {ready} opened when the model is loaded{each} (BAKERY_ENGINE_READY_CONNECTIONS)"
     return f"{said}; none opened before the first request (BAKERY_ENGINE_READY_CONNECTIONS=0)"
 
 

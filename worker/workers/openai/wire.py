@@ -125,6 +125,9 @@ class Front:
     server_name: str
     served: int = 0
     handed: int = 0
+    fleet: Any = None  # fronts.Fleet: the front processes connections are given to, when any
+    inner: Callable[[], asyncio.BaseProtocol] | None = None  # aiohttp's factory (for a connection given back)
+    adopting: set[asyncio.Task[None]] = field(default_factory=set)  # connections given back, being made
     handlers: dict[bytes, tuple[str, Any]] = field(init=False)
     signed_first: Any = field(init=False)
     _date: tuple[int, str] = (-1, "")
@@ -149,17 +152,51 @@ class Front:
 
     def connection(self, inner: Callable[[], asyncio.BaseProtocol]) -> asyncio.BaseProtocol:
         self.connections.fronted += 1
+        self.inner = inner
+        member = self.fleet.pick() if self.fleet is not None else None
+        if member is not None:
+            return Delegate(self, inner, member)
         return Connection(self, inner)
+
+    def released(self) -> None:
+        """A connection given to a front process is closed (or came back): out of the cap's count."""
+        self.connections.fronted -= 1
+
+    def take_back(self, sock: Any, data: bytes) -> None:
+        """A connection a front process gives back, with the bytes it read of it: this front reads
+        them first, as if it had read them itself (counted in the cap from here)."""
+        inner = self.inner
+        if inner is None:
+            sock.close()
+            return
+        self.connections.fronted += 1
+        made: list[Connection] = []
+
+        def protocol() -> Connection:
+            made.append(Connection(self, inner, data))
+            return made[0]
+
+        async def adopt() -> None:
+            try:
+                await asyncio.get_running_loop().connect_accepted_socket(protocol, sock)
+            except Exception:  # noqa: BLE001 - the client went away meanwhile
+                if not made:
+                    self.connections.fronted -= 1
+                sock.close()
+
+        task = asyncio.get_running_loop().create_task(adopt())
+        self.adopting.add(task)
+        task.add_done_callback(self.adopting.discard)
 
 
 class Connection(asyncio.Protocol):
     """One client connection: requests served here while they are plain, then aiohttp's for good."""
 
-    def __init__(self, owner: Front, inner: Callable[[], asyncio.BaseProtocol]) -> None:
+    def __init__(self, owner: Front, inner: Callable[[], asyncio.BaseProtocol], prefix: bytes = b"") -> None:
         self.owner = owner
         self.inner = inner
         self.transport: asyncio.Transport | None = None
-        self.buffer = b""
+        self.buffer = prefix  # bytes read by a front process before it gave the connection back
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.counted = True  # in Connections.fronted until handed to aiohttp or lost
@@ -176,6 +213,8 @@ class Connection(asyncio.Protocol):
         self.peer = _peer(self.transport)
         self.fd = native_relay.socket_fd(self.transport) if native_relay.ACTIVE is not None else None
         self._arm()
+        if self.buffer:
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -411,6 +450,24 @@ class Connection(asyncio.Protocol):
                     self._write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         self._write(b"0\r\n\r\n")
         return _Written(answer.status, sent, length)
+
+
+class Delegate(asyncio.Protocol):
+    """A connection given to a front process (fronts.py) as it opens: its descriptor goes to the
+    process, this one's is closed. It stays in the cap's count until the process says it closed."""
+
+    def __init__(self, owner: Front, inner: Callable[[], asyncio.BaseProtocol], member: Any) -> None:
+        self.owner, self.inner, self.member = owner, inner, member
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = cast(asyncio.Transport, transport)
+        fd = native_relay.socket_fd(stream)
+        if fd is not None and self.owner.fleet.give(self.member, fd):
+            stream.close()  # the process holds its own descriptor of the socket: nothing is sent or shut
+            return
+        kept = Connection(self.owner, self.inner)  # the link failed: served here
+        stream.set_protocol(kept)
+        kept.connection_made(stream)
 
 
 def _peer(transport: asyncio.Transport | None) -> str | None:

@@ -1,0 +1,119 @@
+"""fronts.py's rules without the SDK: the body budget counted across processes, the link's messages
+with a descriptor, each process's share of the engine connections opened at load, the setting."""
+
+from __future__ import annotations
+
+import os
+import socket
+import types
+from typing import Any
+
+import pytest
+from workers.openai import admission, config, front_process, fronts, guards, sdk_seam
+
+from tests.worker import helpers  # noqa: F401 (puts worker/ on sys.path first)
+
+
+def test_the_body_budget_counts_every_processs_bytes() -> None:
+    slots = fronts.Slots(2)
+    primary, front = admission.Budget(100), admission.Budget(100)
+    primary.share(slots, 0)
+    front.share(fronts.Slots(2, slots.fd), 1)  # the front process maps the same memory by its descriptor
+    assert primary.reserve(60)
+    assert not front.take(50) and front.held == 0  # 60 + 50 > 100: the front process gives it back
+    assert front.take(40) and slots.view[1] == 40
+    assert not primary.reserve(1) and primary.refused == 1
+    front.release(40)
+    assert primary.reserve(40) and primary.held == 100 and slots.others(0) == 0
+
+
+def test_an_unshared_budget_counts_its_own_bytes_only() -> None:
+    budget = admission.Budget(10)
+    assert budget.take(10) and not budget.take(1)
+    budget.release(10)
+    assert budget.reserve(10)
+
+
+def test_a_link_carries_messages_and_a_descriptor() -> None:
+    ours, theirs = fronts.make_link()
+    carried, kept = socket.socketpair()
+    try:
+        fronts.send(ours, ("c", 7), carried.fileno(), wait=False)
+        fronts.send(ours, [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)])
+        got = fronts.receive(theirs)
+        assert got is not None
+        assert [message for message, _ in got] == [("c", 7), [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)]]
+        fd = got[0][1]
+        assert fd is not None and got[1][1] is None
+        with socket.socket(fileno=fd) as received:  # the same connection, by another descriptor
+            received.sendall(b"through")
+            assert kept.recv(16) == b"through"
+        assert fronts.receive(theirs) == []  # nothing more waiting
+        big = b"x" * (400 * 1024)  # a hand-back's bytes can be this large
+        fronts.send(ours, ("h", 1, big))
+        assert fronts.receive(theirs) == [(("h", 1, big), None)]
+        ours.close()
+        assert fronts.receive(theirs) is None  # the other end is gone
+    finally:
+        for sock in (theirs, carried, kept):
+            sock.close()
+
+
+def test_a_primary_that_cannot_send_now_is_told_at_once() -> None:
+    ours, theirs = fronts.make_link()
+    try:
+        with pytest.raises(BlockingIOError):
+            for _ in range(100000):  # never read: the link fills
+                fronts.send(ours, ("s", "x" * 60000), wait=False)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize(("ready", "processes", "share"), [(256, 0, 256), (256, 1, 128), (256, 2, 86), (0, 1, 0),
+                                                            (1, 3, 1)])
+def test_each_process_opens_its_share_of_the_ready_connections(ready: int, processes: int, share: int) -> None:
+    assert fronts.ready_share(ready, processes) == share
+
+
+@pytest.mark.parametrize(("raw", "cpus", "count", "warned"), [
+    (None, 2, 1, False), (None, 64, 1, False), (None, 1, 0, False), ("", 4, 1, False), ("0", 8, 0, False),
+    ("2", 1, 2, False), (" 1 ", 2, 1, False), ("two", 2, 1, True), ("-1", 1, 0, True), ("5000", 2, 1, True)])
+def test_the_setting(raw: str | None, cpus: int, count: int, warned: bool) -> None:
+    """Unset: one front process with two CPUs or more to run on; a bad value warns and takes that."""
+    env = {} if raw is None else {fronts.PROCESSES_VAR: raw}
+    warnings: list[str] = []
+    assert fronts.count(env, warnings, cpus=cpus) == count
+    assert bool(warnings) == warned and all(fronts.PROCESSES_VAR in line for line in warnings)
+    assert config.BY_NAME[fronts.PROCESSES_VAR].default is None  # the CPUs decide (fronts.default_count)
+
+
+def test_a_front_process_ends_when_its_parent_is_gone() -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: its parent is not the pid given, so it ends at once
+        fronts.die_with_parent(os.getppid() + 1_000_000)
+        os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_front_process_serves_no_pair_of_a_key_the_primary_replaced() -> None:
+    """The pairs a front process was sent hold only under the key generation they were sent with,
+    read in shared memory per request: a new key is seen the moment the primary loads it."""
+    slots = fronts.Slots(2)
+    state = front_process.State(fronts.Slots(2, slots.fd))  # the front process's own mapping
+    state.pairs, state.generation = frozenset({("http://w:1", "sig")}), slots.generation
+    assert state.knows("http://w:1", "sig") and not state.knows("http://w:1", "other")
+    slots.bump()  # Fleet.key_changed, in the step key rotation loads the new key
+    assert not state.knows("http://w:1", "sig")
+    state.generation = slots.generation  # the primary's next state: its pairs under the new key
+    assert state.knows("http://w:1", "sig")
+
+
+def test_key_rotation_tells_its_listeners_once_the_new_key_is_loaded() -> None:
+    backend = types.SimpleNamespace(**{sdk_seam.hook("pubkey").attr: "old"})
+    ctx = guards.Context(backend=backend, limits=None, routes=(), http_port=0, report_addr="")
+    seen: list[Any] = []
+    ctx.key_changed.append(lambda: seen.append(sdk_seam.get(backend, "pubkey")))
+    guards.new_key(ctx, "new")
+    assert seen == ["new"]

@@ -1,0 +1,438 @@
+"""Front processes: the wire front's work on more than one core (issue 24; docs/serving.md, "Front
+processes").
+
+Why: at a burst every request costs the worker's one loop ~130 us from its bytes to its engine send
+(bench: BENCHMARKS.md, "A burst's first token, step by step"), so the median caller's first token
+waits for ~half the burst's requests before it. Two processes halve that wait; two complete workers
+on one port took a burst of 256 streams from +32 to +13 ms of first token on a 2-core host.
+
+How: the worker as it is stays the primary: it accepts every connection on WORKER_PORT (so the
+connection cap is counted in one place), and keeps everything the platform sees (the SDK's reports,
+counters and queue estimate, the key and the signature memo, the drain, aiohttp.web). It gives each
+admitted connection in turn to one of BAKERY_FRONT_PROCESSES front processes (front_process.py)
+or keeps it, and a given connection's descriptor goes over a Unix socket (SCM_RIGHTS). A front
+process runs the wire front with its own engine pool and bakery-relay; it serves a plain signed
+request whose (url, signature) pair the primary's memo accepted under the current key (model loaded,
+no drain), and gives any other request back to the primary with its connection and the bytes read so
+far, which the primary's own front then reads as if it had read them itself. Per request it sends
+the SDK's outcome calls (start, success or errored or canceled, end, reject) with their figures, a
+batch per loop turn, and the primary applies them with the SDK's own functions: the reports, the
+workload and the queue estimate stay the SDK's, and the drain counts a front's requests in flight.
+Every 50 ms the primary sends what a front needs to judge a request (the pairs, the loaded mark, the
+drain, the queue estimate). Request bodies held count against BAKERY_MAX_BUFFERED_BYTES across every
+process (a shared counter: admission.Budget's slots). A front process ends with the primary
+(PR_SET_PDEATHSIG); one that ends first is said, its requests in flight are reported as failed and
+its connections closed, and the primary serves alone.
+
+Imports only the standard library and the worker's own modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import marshal
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.openai import config, sdk_seam
+
+PROCESSES_VAR = "BAKERY_FRONT_PROCESSES"
+STATE_EVERY = 0.05  # seconds between the primary's state messages (sent only when the state changed)
+LINK_BUFFER = 4 * 1024 * 1024  # each link's socket buffers (a hand-back carries what was read: <= ~330 KiB)
+MESSAGE_MAX = 1024 * 1024  # the largest message read
+_BUFFER = bytearray(MESSAGE_MAX)
+_VIEW = memoryview(_BUFFER)
+_FD_SIZE = 4  # a descriptor in SCM_RIGHTS data: a C int
+MAX_FDS = 1  # descriptors per message
+START_TIMEOUT = 60.0  # seconds a front process may take to say it is ready before it is stopped
+FAILED = "the worker's front process ended"  # the error reported for its requests in flight
+PR_SET_PDEATHSIG = 1
+WORKER_DIR = Path(__file__).resolve().parents[2]  # holds the `workers` package
+
+# Messages, marshalled (data only: loading one runs no object's code, as unpickling can; both ends are
+# this worker's own processes, over a socketpair the primary made):
+# primary -> front: ("c", conn_id) with a descriptor: a connection to serve
+#                   ("s", state): pairs, unsecured, loaded, draining, wait_time
+# front -> primary: ("ready",); a list of events:
+#   ("i",) / ("o",)                            a request entered / left (the drain's count)
+#   ("s", rid, idx, reqnum, workload, entered, started)  request_start
+#   ("e", rid, kind, message)                  success | errored | canceled, then request_end
+#   ("r", idx, reqnum, workload, entered)      request_reject
+#   ("x", conn_id)                             a connection given to it is closed
+#   ("h", conn_id, data) with a descriptor     a connection given back, with the bytes read
+
+log = logging.getLogger("bakery.fronts")
+
+
+def default_count(cpus: int | None = None) -> int:
+    """BAKERY_FRONT_PROCESSES when unset: one front process when the worker may run on two CPUs or
+    more (a second process pays only with a core to run on), else none."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cpus >= 2 else 0
+
+
+def count(env: Any, warnings: list[str] | None = None, cpus: int | None = None) -> int:
+    """BAKERY_FRONT_PROCESSES (config.VARIABLES), or default_count() when unset or bad."""
+    return int(config.read(env, PROCESSES_VAR, warnings=warnings, default=default_count(cpus)))
+
+
+def ready_share(ready: int, processes: int) -> int:
+    """Each process's share of BAKERY_ENGINE_READY_CONNECTIONS: the connections are given in turn, so
+    each of the 1 + `processes` serves about as many of a burst's requests."""
+    return -(-ready // (processes + 1)) if processes > 0 else ready
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent (the primary) ends; exit at once when the
+    parent is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the link's end tells the front process instead
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+class Slots:
+    """Counters in shared memory: one per process (each writes its own, reads the sum of the others:
+    the body bytes it holds), and the key's generation (the primary bumps it when the platform's key
+    changes; a front process serves no pair it was sent under an older one)."""
+
+    def __init__(self, size: int, fd: int | None = None) -> None:
+        self.size = size
+        self.fd = os.memfd_create("bakery-slots", 0) if fd is None else fd
+        if fd is None:
+            os.ftruncate(self.fd, 8 * (size + 1))
+        self.map = mmap.mmap(self.fd, 8 * (size + 1))
+        self.view = memoryview(self.map).cast("q")
+
+    def others(self, mine: int) -> int:
+        """The sum of every process's slot but `mine`."""
+        view = self.view
+        return sum(view[:self.size]) - view[mine]
+
+    @property
+    def generation(self) -> int:
+        return self.view[self.size]
+
+    def bump(self) -> None:
+        """A new key: every pair sent before is stale from now on."""
+        self.view[self.size] += 1
+
+
+def send(link: socket.socket, message: Any, fd: int | None = None, wait: bool = True) -> None:
+    """One message on a link; with `wait` False, BlockingIOError rather than waiting for room (the
+    primary never waits for a front process)."""
+    data = marshal.dumps(message)
+    flags = 0 if wait else socket.MSG_DONTWAIT
+    if fd is None:
+        link.send(data, flags)
+    else:
+        socket.send_fds(link, [data], [fd], flags)
+
+
+def receive(link: socket.socket) -> list[tuple[Any, int | None]] | None:
+    """The messages waiting on a link, each with its descriptor or None; None when the other end is
+    gone. Read into one buffer kept for the link's largest message (no allocation per message)."""
+    got: list[tuple[Any, int | None]] = []
+    space = socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
+    while True:
+        try:
+            size, ancillary, flags, _addr = link.recvmsg_into([_BUFFER], space, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return got
+        except OSError:
+            return got or None
+        fds = [int.from_bytes(data[i:i + _FD_SIZE], sys.byteorder)
+               for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for i in range(0, len(data) - len(data) % _FD_SIZE, _FD_SIZE)]
+        if not size and not fds:
+            return got or None
+        if flags & socket.MSG_TRUNC:  # larger than any message this code sends: not ours to read
+            for fd in fds:
+                os.close(fd)
+            continue
+        got.append((marshal.loads(_VIEW[:size]), fds[0] if fds else None))  # noqa: S302 - see Messages above
+        for fd in fds[1:]:
+            os.close(fd)
+
+
+def make_link() -> tuple[socket.socket, socket.socket]:
+    """A socketpair of datagram-like messages with large buffers."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for end in (ours, theirs):
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            end.setsockopt(socket.SOL_SOCKET, option, LINK_BUFFER)
+    return ours, theirs
+
+
+@dataclass
+class Member:
+    """One front process, as the primary sees it."""
+
+    index: int
+    process: subprocess.Popen[bytes]
+    link: socket.socket
+    ready: bool = False
+    alive: bool = True
+    given: set[int] = field(default_factory=set)  # ids of connections it holds
+    in_flight: int = 0  # its requests in the drain's count
+    started: dict[int, Any] = field(default_factory=dict)  # rid -> the SDK's RequestMetrics
+    served: int = 0
+
+
+class Fleet:
+    """The primary's side: starts the front processes, gives them connections, applies what they
+    send (see the module's docstring)."""
+
+    def __init__(self, processes: int, defaults: Any, backend: Any, drain: Any, knows: Callable[[str, str], bool],
+                 loaded: Callable[[], bool], wait_time: Callable[[], float],
+                 slots: Slots, released: Callable[[], None], argv_python: str = sys.executable) -> None:
+        self.processes = processes
+        self.released = released  # a connection given to a front process is closed (the cap's count)
+        self.defaults = defaults
+        self.backend = backend
+        self.drain = drain
+        self.knows = knows
+        self.loaded = loaded
+        self.wait_time = wait_time
+        self.slots = slots
+        self.python = argv_python
+        self.members: list[Member] = []
+        self.turn = 0
+        self.next_id = 0
+        self.state: Any = None
+        self.take_back: Callable[[socket.socket, bytes], None] | None = None  # wire: a connection given back
+        metrics = sdk_seam.find(backend, "metrics", "fronts.py")
+        _, self.request_metrics = sdk_seam.module_hook("request_metrics", "fronts.py")
+        self.metrics = metrics
+        self.outcomes = {key: sdk_seam.get(metrics, key) for key in (
+            "request_start", "request_success", "request_errored", "request_canceled", "request_end")}
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- starting
+
+    def start(self) -> None:
+        """Start the front processes (from the primary's loop, once the server starts)."""
+        if self.members:
+            return
+        loop = asyncio.get_running_loop()
+        encoded = base64.b64encode(marshal.dumps(dataclasses.astuple(self.defaults))).decode("ascii")
+        env = {**config.snapshot()}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WORKER_DIR), env.get("PYTHONPATH", "")) if p)
+        for index in range(1, self.processes + 1):
+            ours, theirs = make_link()
+            process = subprocess.Popen(
+                [self.python, "-m", "workers.openai.front_process", encoded, str(theirs.fileno()),
+                 str(self.slots.fd), str(index), str(self.processes + 1), str(os.getpid())],
+                env=env, pass_fds=(theirs.fileno(), self.slots.fd), stdin=subprocess.DEVNULL)
+            theirs.close()
+            member = Member(index, process, ours)
+            self.members.append(member)
+            loop.add_reader(ours.fileno(), self._readable, member)
+            loop.call_later(START_TIMEOUT, self._late, member)
+        self._timer = loop.call_later(STATE_EVERY, self._tick)
+
+    def _late(self, member: Member) -> None:
+        if member.alive and not member.ready:
+            _say(f"bakery-worker: warning: front process {member.index} did not start within "
+                 f"{START_TIMEOUT:g} s; stopped, the worker serves without it")
+            member.process.kill()
+
+    # -- giving connections
+
+    def pick(self) -> Member | None:
+        """The member the next connection goes to, or None (the primary keeps it): round robin over
+        the primary and the front processes that are ready; none while draining."""
+        if self.drain.draining:
+            return None
+        ready = [m for m in self.members if m.ready and m.alive]
+        if not ready:
+            return None
+        self.turn = (self.turn + 1) % (len(ready) + 1)
+        return None if self.turn == 0 else ready[self.turn - 1]
+
+    def give(self, member: Member, fd: int) -> bool:
+        """Send the connection `fd` to `member`; False when the link failed (the primary keeps it)."""
+        self.next_id += 1
+        try:
+            send(member.link, ("c", self.next_id), fd, wait=False)
+        except OSError:
+            return False
+        member.given.add(self.next_id)
+        return True
+
+    # -- what the front processes send
+
+    def _readable(self, member: Member) -> None:
+        messages = receive(member.link)
+        if messages is None:
+            self._ended(member)
+            return
+        for message, fd in messages:
+            try:
+                self._apply(member, message, fd)
+            except Exception:  # one bad message must not stop the link
+                log.exception("bakery-worker: a front process's message could not be applied")
+
+    def _apply(self, member: Member, message: Any, fd: int | None) -> None:
+        if isinstance(message, tuple):
+            if message[0] == "ready":
+                member.ready = True
+                _say(f"bakery-worker: front process {member.index} (pid {member.process.pid}) ready")
+                self._send_state(force=True)
+            elif message[0] == "h":
+                self._given_back(member, message[1], message[2], fd)
+            return
+        for event in message:
+            self._event(member, event)
+
+    def _event(self, member: Member, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "s":
+            _, rid, idx, reqnum, workload, entered, started = event
+            metrics = self.request_metrics(request_idx=idx, reqnum=reqnum, workload=workload, status="Created",
+                                           entered_queue_at=entered)
+            metrics.work_started_at = started
+            sdk_seam.note_accepted_reqnum(self.backend, reqnum)
+            member.started[rid] = metrics
+            member.served += 1
+            self.outcomes["request_start"](metrics)
+        elif kind == "e":
+            _, rid, how, text = event
+            metrics = member.started.pop(rid, None)
+            if metrics is None:
+                return
+            self._end(metrics, how, text)
+        elif kind == "i":
+            member.in_flight += 1
+            self.drain.enter()
+        elif kind == "o":
+            member.in_flight -= 1
+            self.drain.leave(None)
+        elif kind == "r":
+            _, idx, reqnum, workload, entered = event
+            sdk_seam.note_accepted_reqnum(self.backend, reqnum)
+            sdk_seam.get(self.metrics, "request_reject")(self.request_metrics(
+                request_idx=idx, reqnum=reqnum, workload=workload, status="Created", entered_queue_at=entered))
+        elif kind == "x":
+            self._closed(member, event[1])
+
+    def _end(self, metrics: Any, how: str, text: str) -> None:
+        if how == "success":
+            self.outcomes["request_success"](metrics)
+        elif how == "canceled":
+            self.outcomes["request_canceled"](metrics)
+        else:
+            self.outcomes["request_errored"](metrics, text)
+        self.outcomes["request_end"](metrics)
+
+    def _closed(self, member: Member, conn_id: int) -> None:
+        if conn_id in member.given:
+            member.given.discard(conn_id)
+            self.released()
+
+    def _given_back(self, member: Member, conn_id: int, data: bytes, fd: int | None) -> None:
+        self._closed(member, conn_id)
+        if fd is None:
+            return
+        sock = socket.socket(fileno=fd)
+        if self.take_back is None:
+            sock.close()
+            return
+        self.take_back(sock, data)
+
+    def _ended(self, member: Member) -> None:
+        """A front process ended (its link closed): say so, fail its requests, serve without it."""
+        if not member.alive:
+            return
+        member.alive = False
+        with contextlib.suppress(RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_reader(member.link.fileno())
+        member.link.close()
+        code = member.process.poll()
+        if code is None:
+            try:
+                code = member.process.wait(1.0)
+            except subprocess.TimeoutExpired:
+                code = None
+        how = ("still running" if code is None else f"exit status {code}" if code >= 0
+               else f"killed by signal {-code}")
+        lost = len(member.started)
+        if not self.drain.draining or lost:
+            _say(f"bakery-worker: warning: front process {member.index} ended ({how}); {lost} request(s) it "
+                 f"was serving failed, {len(member.given)} connection(s) it held closed; the worker serves "
+                 "without it")
+        for metrics in member.started.values():
+            self._end(metrics, "errored", FAILED)
+        member.started.clear()
+        for _ in range(member.in_flight):
+            self.drain.leave(None)
+        member.in_flight = 0
+        for _ in range(len(member.given)):
+            self.released()
+        member.given.clear()
+        self.slots.view[member.index] = 0  # its bodies are gone with it
+
+    # -- the state the front processes judge requests by
+
+    def current(self) -> tuple[Any, ...]:
+        pairs = getattr(self.knows, "pairs", None)
+        return (tuple(pairs()) if pairs is not None else (), bool(self.backend.unsecured), bool(self.loaded()),
+                bool(self.drain.draining), round(float(self.wait_time()), 0), self.slots.generation)
+
+    def key_changed(self) -> None:
+        """The platform's key changed (key_rotation): no front process serves a pair of the old one
+        from now on (the shared generation, read per request), and the new state goes out at once."""
+        self.slots.bump()
+        self._send_state()
+
+    def _send_state(self, force: bool = False) -> None:
+        state = self.current()
+        if state == self.state and not force:
+            return
+        self.state = state
+        for member in self.members:
+            if member.ready and member.alive:
+                try:
+                    send(member.link, ("s", state), wait=False)
+                except OSError:
+                    self.state = None  # sent again at the next tick (its end, if it ended, is read by _readable)
+
+    def _tick(self) -> None:
+        self._send_state()
+        self._timer = asyncio.get_running_loop().call_later(STATE_EVERY, self._tick)
+
+    def draining(self) -> str:
+        """Tell the front processes at once that the drain began (a drain note: its line)."""
+        self._send_state()
+        served = sum(m.served for m in self.members)
+        alive = sum(1 for m in self.members if m.alive and m.ready)
+        return (f"bakery-worker: front processes: {alive} of {len(self.members)} running, {served} request(s) "
+                "served by them; told to drain")
+
+    def describe(self) -> str:
+        """The startup line."""
+        return (f"bakery-worker: front processes: {self.processes} ({PROCESSES_VAR}), each serving the plain "
+                "signed requests of the connections the worker gives it; the rest come back to the worker")
+
+
+def _say(message: str) -> None:
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
