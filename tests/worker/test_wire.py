@@ -29,6 +29,9 @@ from tests.worker.helpers import SDK_READY, Harness, Served, SigningKey, make_si
 
 pytestmark = pytest.mark.slow
 LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "2", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
+# The wire front in the worker's one process: its own counts are read below (test_fronts.py runs the
+# same exchanges against a worker with a front process).
+ONE_PROCESS = {**LIMITS, "BAKERY_FRONT_PROCESSES": "0"}
 
 
 @dataclass
@@ -64,7 +67,7 @@ def pair_on(tmp_path_factory: pytest.TempPathFactory, worker_python: Path, varia
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> Iterator[Pair]:
-    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), LIMITS) as made:
+    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), ONE_PROCESS) as made:
         yield made
 
 
@@ -243,7 +246,7 @@ def test_a_fresh_workers_first_signed_requests_are_the_fronts(tmp_path_factory: 
     checked and served by the wire front, not handed to aiohttp.web until one was checked there; a
     forged one before it is still handed over and refused as aiohttp.web refuses it."""
     other = make_signing_key(worker_python)
-    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), LIMITS) as fresh:
+    with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT", ("wire", "aiohttp"), ONE_PROCESS) as fresh:
         forged, forged_plain = both(fresh, lambda s: [head(
             "/v1/completions", fresh.body(s, {"prompt": "f"}, 1, key=other), "Connection: close")])
         assert forged == forged_plain and forged[0][0].startswith("HTTP/1.1 401"), (forged, forged_plain)

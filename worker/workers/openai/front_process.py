@@ -238,29 +238,10 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
     outbox.loop = loop
     ended = loop.create_future()
     warmed: list[asyncio.Task[int]] = []
-    adopting: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
     def adopt(conn_id: int, fd: int) -> None:
-        sock = socket.socket(fileno=fd)
-        front.connections.fronted += 1
-        made: list[Given] = []
-
-        def protocol() -> Given:
-            made.append(Given(front, conn_id, outbox))
-            return made[0]
-
-        async def connect() -> None:
-            try:
-                await loop.connect_accepted_socket(protocol, sock)
-            except Exception:  # noqa: BLE001 - the client went away meanwhile
-                if not made:
-                    front.connections.fronted -= 1
-                    outbox.event(("x", conn_id))
-                sock.close()
-
-        task = loop.create_task(connect())
-        adopting.add(task)
-        task.add_done_callback(adopting.discard)
+        front.adopt(socket.socket(fileno=fd), lambda: Given(front, conn_id, outbox),
+                    lambda: outbox.event(("x", conn_id)))
 
     def update(new: tuple[Any, ...]) -> None:
         pairs, state.unsecured, loaded, draining, state.wait_time, state.generation = new

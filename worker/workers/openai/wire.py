@@ -164,28 +164,34 @@ class Front:
 
     def take_back(self, sock: Any, data: bytes) -> None:
         """A connection a front process gives back, with the bytes it read of it: this front reads
-        them first, as if it had read them itself (counted in the cap from here)."""
+        them first, as if it had read them itself."""
         inner = self.inner
         if inner is None:
             sock.close()
             return
+        self.adopt(sock, lambda: Connection(self, inner, data))
+
+    def adopt(self, sock: Any, protocol: Callable[[], Connection], failed: Callable[[], None] = lambda: None) -> None:
+        """Serve the connected socket `sock` with `protocol()`, counted in the cap from here; `failed()`
+        when the client went away before it could be (fronts.py: connections given and given back)."""
         self.connections.fronted += 1
         made: list[Connection] = []
 
-        def protocol() -> Connection:
-            made.append(Connection(self, inner, data))
+        def make() -> Connection:
+            made.append(protocol())
             return made[0]
 
-        async def adopt() -> None:
+        async def connect() -> None:
             try:
-                await asyncio.get_running_loop().connect_accepted_socket(protocol, sock)
+                await asyncio.get_running_loop().connect_accepted_socket(make, sock)
             except Exception:  # noqa: BLE001 - the client went away meanwhile
                 if not made:
                     self.connections.fronted -= 1
+                    failed()
                 sock.close()
 
-        task = asyncio.get_running_loop().create_task(adopt())
-        self.adopting.add(task)
+        task = asyncio.get_running_loop().create_task(connect())
+        self.adopting.add(task)  # held until done (the loop keeps only weak references to tasks)
         task.add_done_callback(self.adopting.discard)
 
 
