@@ -61,8 +61,11 @@ def test_requests_share_one_engine_connection_and_a_cut_one_is_not_reused(harnes
     steps.mkdir()
     engine = harness.standin("vllm", STANDIN_STEP_DIR=str(steps), STANDIN_STREAM_RECORD=str(record),
                              STANDIN_REPLY_TOKENS="20")
-    # One process's pool (a front process has its own: requests on new connections alternate).
-    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_FRONT_PROCESSES="0"), engine.log
+    # One process's pool (a front process has its own: requests on new connections alternate), and no
+    # connections opened at load: while those still open, a request may be handed a newer one (a busy
+    # machine's fresh run saw [a, b, b]).
+    served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_FRONT_PROCESSES="0",
+                                BAKERY_ENGINE_READY_CONNECTIONS="0"), engine.log
     route = "/v1/chat/completions"
     before = len(engine_ports(log, route))
     for idx in range(3):
@@ -93,7 +96,7 @@ def test_an_idle_engine_connection_is_reused_until_the_worker_lets_it_go(harness
     engine = harness.standin("vllm", STANDIN_REPLY_TOKENS="2")
     # The pool's own rule, without renewal between bursts (engine_warm.py; test_engine_warm.py).
     served, log = harness.serve("vllm", engine, MODEL_NAME=MODEL, BAKERY_ENGINE_KEEP_WARM="0",
-                                BAKERY_FRONT_PROCESSES="0"), engine.log  # one process's pool, as above
+                                BAKERY_FRONT_PROCESSES="0", BAKERY_ENGINE_READY_CONNECTIONS="0"), engine.log  # as above
     assert "idle engine connections: not renewed (BAKERY_ENGINE_KEEP_WARM=0)" in served.worker.text
     route = "/v1/chat/completions"
     before = len(engine_ports(log, route))
