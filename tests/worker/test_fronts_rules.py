@@ -38,25 +38,44 @@ def test_a_link_carries_messages_and_a_descriptor() -> None:
     ours, theirs = fronts.make_link()
     carried, kept = socket.socketpair()
     try:
-        fronts.send(ours, ("c", 7), carried.fileno(), wait=False)
+        fronts.send(ours, ("c", 7), [carried.fileno()], wait=False)
         fronts.send(ours, [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)])
         got = fronts.receive(theirs)
         assert got is not None
         assert [message for message, _ in got] == [("c", 7), [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)]]
-        fd = got[0][1]
-        assert fd is not None and got[1][1] is None
+        assert len(got[0][1]) == 1 and got[1][1] == []
+        fd = got[0][1][0]
         with socket.socket(fileno=fd) as received:  # the same connection, by another descriptor
             received.sendall(b"through")
             assert kept.recv(16) == b"through"
         assert fronts.receive(theirs) == []  # nothing more waiting
         big = b"x" * (400 * 1024)  # a hand-back's bytes can be this large
         fronts.send(ours, ("h", 1, big))
-        assert fronts.receive(theirs) == [(("h", 1, big), None)]
+        assert fronts.receive(theirs) == [(("h", 1, big), [])]
         ours.close()
         assert fronts.receive(theirs) is None  # the other end is gone
     finally:
         for sock in (theirs, carried, kept):
             sock.close()
+
+
+def test_a_turns_connections_go_in_one_message() -> None:
+    ours, theirs = fronts.make_link()
+    pairs = [socket.socketpair() for _ in range(fronts.MAX_FDS)]
+    try:
+        fronts.send(ours, ("c", list(range(len(pairs))), [b""] * len(pairs)), [a.fileno() for a, _ in pairs])
+        got = fronts.receive(theirs)
+        assert got is not None and len(got) == 1 and len(got[0][1]) == fronts.MAX_FDS
+        for fd, (_, other) in zip(got[0][1], pairs, strict=True):
+            with socket.socket(fileno=fd) as received:
+                received.sendall(b"!")
+                assert other.recv(1) == b"!"
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        ours.close()
+        theirs.close()
 
 
 def test_a_primary_that_cannot_send_now_is_told_at_once() -> None:

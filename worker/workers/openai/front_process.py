@@ -158,8 +158,8 @@ class Outcomes:
 class Given(wire.Connection):
     """A connection the primary gave this process: its hand-off gives it back."""
 
-    def __init__(self, owner: wire.Front, conn_id: int, outbox: Outbox) -> None:
-        super().__init__(owner, asyncio.Protocol)  # never called: hand_off below gives the connection back
+    def __init__(self, owner: wire.Front, conn_id: int, outbox: Outbox, prefix: bytes = b"") -> None:
+        super().__init__(owner, asyncio.Protocol, prefix)  # never called: hand_off below gives it back
         self.conn_id = conn_id
         self.outbox = outbox
         self.back = False
@@ -181,7 +181,7 @@ class Given(wire.Connection):
         data, self.buffer = self.buffer, b""
         self.outbox.flush()  # what this connection's last request did comes first
         try:
-            fronts.send(self.outbox.link, ("h", self.conn_id, data), fd)
+            fronts.send(self.outbox.link, ("h", self.conn_id, data), None if fd is None else [fd])
         except OSError:
             os._exit(0)
         self.transport = None
@@ -239,8 +239,8 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
     ended = loop.create_future()
     warmed: list[asyncio.Task[int]] = []
 
-    def adopt(conn_id: int, fd: int) -> None:
-        front.adopt(socket.socket(fileno=fd), lambda: Given(front, conn_id, outbox),
+    def adopt(conn_id: int, fd: int, data: bytes) -> None:
+        front.adopt(socket.socket(fileno=fd), lambda: Given(front, conn_id, outbox, data),
                     lambda: outbox.event(("x", conn_id)))
 
     def update(new: tuple[Any, ...]) -> None:
@@ -261,12 +261,14 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
             if not ended.done():
                 ended.set_result(None)
             return
-        for message, fd in messages:
-            if message[0] == "c" and fd is not None:
-                adopt(message[1], fd)
-            elif message[0] == "s":
+        for message, fds in messages:
+            if message[0] == "c" and len(fds) == len(message[1]):
+                for conn_id, fd, data in zip(message[1], fds, message[2], strict=True):
+                    adopt(conn_id, fd, data)
+                continue
+            if message[0] == "s":
                 update(message[1])
-            elif fd is not None:
+            for fd in fds:
                 os.close(fd)
 
     loop.add_reader(link.fileno(), readable)

@@ -56,7 +56,7 @@ MESSAGE_MAX = 1024 * 1024  # the largest message read
 _BUFFER = bytearray(MESSAGE_MAX)
 _VIEW = memoryview(_BUFFER)
 _FD_SIZE = 4  # a descriptor in SCM_RIGHTS data: a C int
-MAX_FDS = 1  # descriptors per message
+MAX_FDS = 64  # descriptors per message (connections given in one loop turn go together)
 START_TIMEOUT = 60.0  # seconds a front process may take to say it is ready before it is stopped
 FAILED = "the worker's front process ended"  # the error reported for its requests in flight
 PR_SET_PDEATHSIG = 1
@@ -64,7 +64,7 @@ WORKER_DIR = Path(__file__).resolve().parents[2]  # holds the `workers` package
 
 # Messages, marshalled (data only: loading one runs no object's code, as unpickling can; both ends are
 # this worker's own processes, over a socketpair the primary made):
-# primary -> front: ("c", conn_id) with a descriptor: a connection to serve
+# primary -> front: ("c", conn_ids, datas) with a descriptor each: connections to serve (the bytes read)
 #                   ("s", state): pairs, unsecured, loaded, draining, wait_time
 # front -> primary: ("ready",); a list of events:
 #   ("i",) / ("o",)                            a request entered / left (the drain's count)
@@ -135,21 +135,21 @@ class Slots:
         self.view[self.size] += 1
 
 
-def send(link: socket.socket, message: Any, fd: int | None = None, wait: bool = True) -> None:
-    """One message on a link; with `wait` False, BlockingIOError rather than waiting for room (the
-    primary never waits for a front process)."""
+def send(link: socket.socket, message: Any, fds: list[int] | None = None, wait: bool = True) -> None:
+    """One message on a link, with `fds` (at most MAX_FDS); with `wait` False, BlockingIOError rather
+    than waiting for room (the primary never waits for a front process)."""
     data = marshal.dumps(message)
     flags = 0 if wait else socket.MSG_DONTWAIT
-    if fd is None:
+    if not fds:
         link.send(data, flags)
     else:
-        socket.send_fds(link, [data], [fd], flags)
+        socket.send_fds(link, [data], fds, flags)
 
 
-def receive(link: socket.socket) -> list[tuple[Any, int | None]] | None:
-    """The messages waiting on a link, each with its descriptor or None; None when the other end is
-    gone. Read into one buffer kept for the link's largest message (no allocation per message)."""
-    got: list[tuple[Any, int | None]] = []
+def receive(link: socket.socket) -> list[tuple[Any, list[int]]] | None:
+    """The messages waiting on a link, each with its descriptors; None when the other end is gone.
+    Read into one buffer kept for the link's largest message (no allocation per message)."""
+    got: list[tuple[Any, list[int]]] = []
     space = socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
     while True:
         try:
@@ -167,9 +167,7 @@ def receive(link: socket.socket) -> list[tuple[Any, int | None]] | None:
             for fd in fds:
                 os.close(fd)
             continue
-        got.append((marshal.loads(_VIEW[:size]), fds[0] if fds else None))  # noqa: S302 - see Messages above
-        for fd in fds[1:]:
-            os.close(fd)
+        got.append((marshal.loads(_VIEW[:size]), fds))  # noqa: S302 - see Messages above
 
 
 def make_link() -> tuple[socket.socket, socket.socket]:
@@ -193,6 +191,7 @@ class Member:
     given: set[int] = field(default_factory=set)  # ids of connections it holds
     in_flight: int = 0  # its requests in the drain's count
     started: dict[int, Any] = field(default_factory=dict)  # rid -> the SDK's RequestMetrics
+    pending: list[Any] = field(default_factory=list)  # wire.Delegate: connections to send it this turn
     served: int = 0
 
 
@@ -267,15 +266,33 @@ class Fleet:
         self.turn = (self.turn + 1) % (len(ready) + 1)
         return None if self.turn == 0 else ready[self.turn - 1]
 
-    def give(self, member: Member, fd: int) -> bool:
-        """Send the connection `fd` to `member`; False when the link failed (the primary keeps it)."""
-        self.next_id += 1
-        try:
-            send(member.link, ("c", self.next_id), fd, wait=False)
-        except OSError:
-            return False
-        member.given.add(self.next_id)
-        return True
+    def give(self, member: Member, delegate: Any) -> None:
+        """Send `delegate`'s connection (wire.Delegate) to `member` at the end of this loop turn, with the
+        others given it in the turn (one message)."""
+        if not member.pending:
+            asyncio.get_running_loop().call_soon(self._send_given, member)
+        member.pending.append(delegate)
+
+    def _send_given(self, member: Member) -> None:
+        pending, member.pending = member.pending, []
+        for _ in [d for d in pending if d.lost]:  # the client left before it went
+            self.released()
+        pending = [d for d in pending if not d.lost]
+        for start in range(0, len(pending), MAX_FDS):
+            batch = pending[start:start + MAX_FDS]
+            ids = list(range(self.next_id + 1, self.next_id + 1 + len(batch)))
+            self.next_id += len(batch)
+            try:
+                if not member.alive:
+                    raise OSError("the front process ended")
+                send(member.link, ("c", ids, [d.data for d in batch]), [d.fd for d in batch], wait=False)
+            except OSError:
+                for delegate in batch:
+                    delegate.keep()  # served here
+                continue
+            member.given.update(ids)
+            for delegate in batch:
+                delegate.sent()
 
     # -- what the front processes send
 
@@ -284,9 +301,11 @@ class Fleet:
         if messages is None:
             self._ended(member)
             return
-        for message, fd in messages:
+        for message, fds in messages:
             try:
-                self._apply(member, message, fd)
+                self._apply(member, message, fds[0] if fds else None)
+                for extra in fds[1:]:
+                    os.close(extra)
             except Exception:  # one bad message must not stop the link
                 log.exception("bakery-worker: a front process's message could not be applied")
 

@@ -460,20 +460,46 @@ class Connection(asyncio.Protocol):
 
 class Delegate(asyncio.Protocol):
     """A connection given to a front process (fronts.py) as it opens: its descriptor goes to the
-    process, this one's is closed. It stays in the cap's count until the process says it closed."""
+    process at the end of the loop turn, with any bytes read meanwhile, and this one's is closed. It
+    stays in the cap's count until the process says it closed."""
 
     def __init__(self, owner: Front, inner: Callable[[], asyncio.BaseProtocol], member: Any) -> None:
         self.owner, self.inner, self.member = owner, inner, member
+        self.transport: asyncio.Transport | None = None
+        self.fd = -1
+        self.data = b""
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        stream = cast(asyncio.Transport, transport)
+        self.transport = stream = cast(asyncio.Transport, transport)
         fd = native_relay.socket_fd(stream)
-        if fd is not None and self.owner.fleet.give(self.member, fd):
-            stream.close()  # the process holds its own descriptor of the socket: nothing is sent or shut
+        if fd is None:
+            self.keep()
             return
-        kept = Connection(self.owner, self.inner)  # the link failed: served here
+        stream.pause_reading()
+        self.fd = fd
+        self.owner.fleet.give(self.member, self)
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data  # read before it went: goes with it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def sent(self) -> None:
+        """The process holds its own descriptor of the socket: close this one (nothing is sent or shut)."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def keep(self) -> None:
+        """The link failed: the connection is served here after all."""
+        stream = self.transport
+        if stream is None:
+            return
+        kept = Connection(self.owner, self.inner, self.data)
         stream.set_protocol(kept)
         kept.connection_made(stream)
+        stream.resume_reading()
 
 
 def _peer(transport: asyncio.Transport | None) -> str | None:
