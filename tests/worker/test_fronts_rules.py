@@ -9,7 +9,7 @@ import types
 from typing import Any
 
 import pytest
-from workers.openai import admission, config, front_process, fronts, guards, sdk_seam
+from workers.openai import admission, config, core, front_process, fronts, guards, sdk_seam
 
 from tests.worker import helpers  # noqa: F401 (puts worker/ on sys.path first)
 
@@ -105,6 +105,31 @@ def test_the_setting(raw: str | None, cpus: int, count: int, warned: bool) -> No
     assert fronts.count(env, warnings, cpus=cpus) == count
     assert bool(warnings) == warned and all(fronts.PROCESSES_VAR in line for line in warnings)
     assert config.BY_NAME[fronts.PROCESSES_VAR].default is None  # the CPUs decide (fronts.default_count)
+
+
+def test_each_engine_has_its_own_front_processes() -> None:
+    """vLLM and SGLang (bursts of hundreds of streams): one front process with two CPUs or more;
+    llama.cpp (a few streams at once, where the second process only adds ~2 ms to a single stream on
+    a CPU engine) and a generic engine: none, unless asked."""
+    from workers.llama.worker import DEFAULTS as LLAMA
+    from workers.openai import generic
+    from workers.sglang.worker import DEFAULTS as SGLANG
+    from workers.vllm.worker import DEFAULTS as VLLM
+
+    env = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000",
+           "PUBLIC_IPADDR": "203.0.113.7", "VAST_TCP_PORT_3000": "41000"}
+    baked = {"BACKEND": "mine", "BAKERY_ENGINE_PROGRAM": "mine", "MODEL_LOG": "/var/log/mine.log",
+             "MODEL_LOAD_LOG_MSG": '["up"]', "MODEL_ERROR_LOG_MSGS": '["down"]'}
+    generic_defaults = generic.defaults_from_env({**env, **baked})
+    assert (VLLM.front_processes, SGLANG.front_processes, LLAMA.front_processes,
+            generic_defaults.front_processes) == (None, None, 0, 0)
+    cpus = fronts.default_count()
+    for engine, expected in ((VLLM, cpus), (SGLANG, cpus), (LLAMA, 0), (generic_defaults, 0)):
+        assert core.load_settings(engine, env).front_processes == expected, engine.engine
+    assert core.load_settings(LLAMA, {**env, fronts.PROCESSES_VAR: "1"}).front_processes == 1
+    warnings: list[str] = []
+    assert core.front_processes({fronts.PROCESSES_VAR: "1"}, "aiohttp", warnings) == 0
+    assert warnings and "BAKERY_FRONT=wire" in warnings[0]
 
 
 def test_a_front_process_ends_when_its_parent_is_gone() -> None:

@@ -123,7 +123,8 @@ class EngineDefaults:
     Each field is the fallback for an environment variable: `model_log` for MODEL_LOG,
     `load_lines` for MODEL_LOAD_LOG_MSG, `error_lines` for MODEL_ERROR_LOG_MSGS, `info_lines` for
     MODEL_INFO_LOG_MSGS, `health_endpoint` for MODEL_HEALTH_ENDPOINT, `ready_connections` for
-    BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py).
+    BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py), `front_processes` for BAKERY_FRONT_PROCESSES
+    (fronts.py).
     """
 
     engine: str
@@ -133,6 +134,8 @@ class EngineDefaults:
     info_lines: tuple[str, ...] = DEFAULT_INFO_LINES
     health_endpoint: str = DEFAULT_HEALTH_ENDPOINT
     ready_connections: int = 0
+    # BAKERY_FRONT_PROCESSES's default; None: one when the worker may run on 2 CPUs or more (fronts.py)
+    front_processes: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -293,10 +296,10 @@ def check_platform_env(env: Mapping[str, str]) -> tuple[int, int]:
     return worker_port, http_port
 
 
-def front_processes(env: Mapping[str, str], front: str, warnings: list[str]) -> int:
-    """BAKERY_FRONT_PROCESSES (fronts.count), 0 unless the wire front reads port 3000 (a front process
-    runs it): asked for with BAKERY_FRONT=aiohttp, a warning."""
-    count = fronts.count(env, warnings)
+def front_processes(env: Mapping[str, str], front: str, warnings: list[str], default: int | None = 0) -> int:
+    """BAKERY_FRONT_PROCESSES (fronts.count; `default` is the engine's), 0 unless the wire front reads
+    port 3000 (a front process runs it): asked for with BAKERY_FRONT=aiohttp, a warning."""
+    count = fronts.count(env, warnings, default=default)
     if front == "wire" or count == 0:
         return count
     if config.is_set(env, fronts.PROCESSES_VAR):
@@ -374,7 +377,7 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         front=front,
         relay=relay,
         relay_program=_value(env, "BAKERY_RELAY_PROGRAM"),
-        front_processes=front_processes(env, front, warnings),
+        front_processes=front_processes(env, front, warnings, defaults.front_processes),
         engine_keep_warm=config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings),
         engine_ready_connections=config.read(env, "BAKERY_ENGINE_READY_CONNECTIONS", warnings=warnings,
                                              default=defaults.ready_connections),

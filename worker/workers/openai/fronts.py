@@ -85,9 +85,10 @@ def default_count(cpus: int | None = None) -> int:
     return 1 if cpus >= 2 else 0
 
 
-def count(env: Any, warnings: list[str] | None = None, cpus: int | None = None) -> int:
-    """BAKERY_FRONT_PROCESSES (config.VARIABLES), or default_count() when unset or bad."""
-    return int(config.read(env, PROCESSES_VAR, warnings=warnings, default=default_count(cpus)))
+def count(env: Any, warnings: list[str] | None = None, cpus: int | None = None, default: int | None = None) -> int:
+    """BAKERY_FRONT_PROCESSES (config.VARIABLES), or `default` when unset or bad (None: default_count())."""
+    fallback = default_count(cpus) if default is None else default
+    return int(config.read(env, PROCESSES_VAR, warnings=warnings, default=fallback))
 
 
 def ready_share(ready: int, processes: int) -> int:

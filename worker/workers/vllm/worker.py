@@ -7,6 +7,7 @@ DEFAULTS = EngineDefaults(
     model_log="/var/log/portal/vllm.log",
     load_lines=("Application startup complete.",),
     ready_connections=256,  # the first burst's engine connections, opened at load (engine_warm.py)
+    front_processes=None,  # a front process when there are 2 CPUs or more: bursts of hundreds (fronts.py)
     error_lines=("INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):"),
 )
 
