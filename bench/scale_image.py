@@ -222,7 +222,7 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
                 for key, value in (("us_event", watch.cpu), ("user", watch.user), ("system", watch.system)):
                     rows[key].append(value / events * 1e6)
                 line += (f"; worker CPU {watch.cpu:.2f} s (user {watch.user:.2f}, system {watch.system:.2f}) = "
-                         f"{watch.cpu / events * 1e6:.1f} us/event")
+                         f"{watch.cpu / events * 1e6:.1f} us/event{watch.per_role(events, 1e6, 'us/event')}")
             kib = (watch.rss_peak - watch.rss_before) / n
             rows["kib_stream"].append(kib)
             say(f"{line}; RSS {watch.rss_before / 1024:.1f} -> peak {watch.rss_peak / 1024:.1f} MiB = "
@@ -240,7 +240,7 @@ def scale_n(launched: gate.Launched, worker: int, signed: tuple[str, str], n: in
         idx += n
         say(f"    round {i + 1}: events/s :3000/direct {_num(ratio, '.3f')}x; requests: idle before {idle:.0%}; "
             f"{n} signed one-token answers: {_outcome(result)}; worker CPU {watch.cpu:.2f} s = "
-            f"{_num(ms, '.2f')} ms/request")
+            f"{_num(ms, '.2f')} ms/request{watch.per_role(result['completed'], 1e3, 'ms/request')}")
     say(f"  {n} streams through the image, medians over {runs} round(s): events/s direct "
         f"{_num(p50(rows['direct_eps']))}, :3000 {_num(p50(rows['worker_eps']))}, ratio "
         f"{_num(p50(rows['ratio']), '.3f')}x [{', '.join(format(r, '.3f') for r in rows['ratio'])}] (machine busy "

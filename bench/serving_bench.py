@@ -478,6 +478,27 @@ def cpu_split(pids: list[int]) -> tuple[float, float]:
     return user / CLOCK_TICK, system / CLOCK_TICK
 
 
+def cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    """Each live pid's utime+stime (seconds)."""
+    seen = {}
+    for pid in pids:
+        if (fields := _stat_fields(pid)) is not None:
+            seen[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+    return seen
+
+
+def process_role(pid: int, root: int) -> str:
+    """What a process of the worker's tree is: "worker" (the root), "relay" (a bakery-relay), "front"
+    (another Python process of the tree: a front process), or "other"."""
+    if pid == root:
+        return "worker"
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "other"
+    return "relay" if comm.startswith("bakery-relay") else "front" if comm.startswith("python") else "other"
+
+
 def rss_kib(pids: list[int]) -> int:
     """The summed VmRSS of `pids` (KiB; a pid gone counts 0)."""
     total = 0
@@ -501,7 +522,9 @@ class Watch:
         self.rss_before = rss_kib(self.pids)
         self.rss_peak = self.rss_before
         self.split_before = cpu_split(self.pids)
+        self.by_pid_before = cpu_by_pid(self.pids)
         self.cpu = self.user = self.system = 0.0
+        self.roles: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -524,8 +547,19 @@ class Watch:
         user, system = cpu_split(pids)
         self.user, self.system = user - self.split_before[0], system - self.split_before[1]
         self.cpu = self.user + self.system
+        for pid, seconds in cpu_by_pid(pids).items():
+            role = process_role(pid, self.root)
+            self.roles[role] = self.roles.get(role, 0.0) + seconds - self.by_pid_before.get(pid, 0.0)
         self.pids = sorted(set(self.pids) | set(pids))
         return self
+
+    def per_role(self, count: int, unit: float, label: str) -> str:
+        """The round's CPU by role per `count` things ("worker 9.1, relay 10.2 us/event"), or ""."""
+        if not count or not self.roles:
+            return ""
+        parts = [f"{role} {seconds / count * unit:.{3 if unit < 1e6 else 1}f}"
+                 for role, seconds in sorted(self.roles.items())]
+        return f" ({', '.join(parts)} {label})"
 
 
 def streamload(port: int, streams: int, payload: dict, timeout: float, envelope_from: int | None) -> dict:
@@ -675,7 +709,8 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
                 f"{_num(result['wall_s'], '.2f')} s = {_num(result['events_per_s'])} events/s; "
                 f"first token p50 {_num(result['ttft_p50_ms'])} ms, p95 {_num(result['ttft_p95_ms'])} ms; "
                 f"connecting {_num(result['connect_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s (user "
-                f"{watch.user:.2f}, system {watch.system:.2f}) = {_num(us_event)} us/event; "
+                f"{watch.user:.2f}, system {watch.system:.2f}) = {_num(us_event)} us/event"
+                f"{watch.per_role(result['events'], 1e6, 'us/event')}; "
                 f"RSS {watch.rss_before / 1024:.1f} -> peak "
                 f"{watch.rss_peak / 1024:.1f} MiB = {kib_stream:+.1f} KiB/stream")
             if us_event is not None:
@@ -701,7 +736,7 @@ def part_scale_n(engine: Engine, served: Served, n: int, runs: int, timeout: flo
         idx += n
         say(f"    requests: idle before {idle:.0%}; {n} non-streamed (max_tokens 1) through the worker: "
             f"{_outcome(result)} in {_num(result['wall_s'], '.2f')} s; worker CPU {watch.cpu:.2f} s = "
-            f"{_num(ms_req, '.2f')} ms/request")
+            f"{_num(ms_req, '.2f')} ms/request{watch.per_role(result['completed'], 1e3, 'ms/request')}")
     # A streamed answer costs one request's setup plus its events: the events' own share is what is
     # left of the round's CPU after the per-request cost measured on 1-token answers.
     if rows["ms_req"] and rows["cpu_s"]:
