@@ -11,6 +11,7 @@ connections in turn (both processes answer some).
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -121,10 +122,11 @@ def test_the_drain_waits_for_a_front_processs_stream(tmp_path_factory: pytest.Te
         assert served_by_fronts(fresh.wire) >= 2, output[-3000:]
 
 
-def test_a_front_process_that_dies_leaves_a_worker_that_serves(tmp_path_factory: pytest.TempPathFactory,
-                                                               worker_python: Path) -> None:
+def test_a_front_process_that_dies_is_replaced_and_the_worker_serves_meanwhile(
+        tmp_path_factory: pytest.TempPathFactory, worker_python: Path) -> None:
     """The front process killed: the worker says so, reports its request in flight as failed (an
-    outcome is posted), and answers every later connection itself."""
+    outcome is posted) and answers the next connections itself; a second front process starts after
+    a second's pause and serves its share of the connections after that (the drain line counts it)."""
     with pair_on(tmp_path_factory, worker_python, "BAKERY_FRONT_PROCESSES", ("1", "0"), LIMITS) as fresh:
         pid = front_pid(fresh.wire)
         signed_exchange(fresh, 1, {"prompt": "hi"})
@@ -136,23 +138,49 @@ def test_a_front_process_that_dies_leaves_a_worker_that_serves(tmp_path_factory:
                                                              idx), "Connection: close"))
             held.append(sock)
         time.sleep(0.5)
-        import os
-
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while "front process 1 ended" not in fresh.wire.worker.output.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
         output = fresh.wire.worker.output.read_text()
-        assert "front process 1 ended (killed by signal 9); 1 request(s) it was serving failed" in output, \
-            output[-3000:]
+        assert ("front process 1 ended (killed by signal 9); 1 request(s) it was serving failed" in output
+                and "the worker serves without it until a new one starts in 1 s" in output), output[-3000:]
         for sock in held:
             sock.close()
-        for idx in range(10, 16):
+        for idx in range(10, 16):  # within the pause: the worker alone
             got = signed_exchange(fresh, idx, {"prompt": "after"})
             assert got[0][0] == "HTTP/1.1 200 OK", got
             assert json.loads(got[0][2])["choices"][0]["text"] == "echo:after"
+        deadline = time.monotonic() + 60
+        while len(READY.findall(fresh.wire.worker.output.read_text())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        output = fresh.wire.worker.output.read_text()
+        pids = [int(found) for found in READY.findall(output)]
+        assert len(pids) == 2 and pids[1] != pid, output[-3000:]
+        assert "front process 1 started again in place of the one that ended" in output, output[-3000:]
+        for idx in range(20, 26):  # every second connection is the new front process's
+            got = signed_exchange(fresh, idx, {"prompt": "again"})
+            assert got[0][0] == "HTTP/1.1 200 OK", got
+            assert json.loads(got[0][2])["choices"][0]["text"] == "echo:again"
         assert fresh.wire.reports is not None
-        fresh.wire.reports.wait_outcomes({2, 3, *range(10, 16)})
+        fresh.wire.reports.wait_outcomes({2, 3, *range(10, 16), *range(20, 26)})
+        # The new one ends within a minute of its start too: the pause doubles. The drain begins
+        # within it: no third one starts.
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while output.count("front process 1 ended") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            output = fresh.wire.worker.output.read_text()
+        assert "front process 1 ended (killed by signal 9); 0 request(s) it was serving failed, 0 connection(s) " \
+               "it held closed; the worker serves without it until a new one starts in 2 s" in output, output[-3000:]
+        fresh.wire.worker.popen.send_signal(signal.SIGTERM)
+        assert fresh.wire.worker.popen.wait(timeout=30) == 0
+        output = fresh.wire.worker.output.read_text()
+        # The first served one at most (the stream it failed); three of 20-25 are the new one's.
+        assert served_by_fronts(fresh.wire) >= 4, output[-3000:]
+        assert "front processes: 0 of 1 running" in output, output[-3000:]
+        assert "; 1 started again in place of one that ended" in output, output[-3000:]
+        assert len(READY.findall(output)) == 2, output[-3000:]
 
 
 def test_the_connection_cap_counts_the_front_processs_connections(harness: Harness) -> None:

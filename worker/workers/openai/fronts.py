@@ -22,7 +22,9 @@ Every 50 ms the primary sends what a front needs to judge a request (the pairs, 
 drain, the queue estimate). Request bodies held count against BAKERY_MAX_BUFFERED_BYTES across every
 process (a shared counter: admission.Budget's slots). A front process ends with the primary
 (PR_SET_PDEATHSIG); one that ends first is said, its requests in flight are reported as failed and
-its connections closed, and the primary serves alone.
+its connections closed, the primary serves alone, and a new one is started in its place after a
+pause that doubles while they keep ending soon (1 s up to a minute); not while draining, and not for
+one that never became ready.
 
 Imports only the standard library and the worker's own modules.
 """
@@ -58,6 +60,8 @@ _VIEW = memoryview(_BUFFER)
 _FD_SIZE = 4  # a descriptor in SCM_RIGHTS data: a C int
 MAX_FDS = 64  # descriptors per message (connections given in one loop turn go together)
 START_TIMEOUT = 60.0  # seconds a front process may take to say it is ready before it is stopped
+RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # the pause before a front process that ended is replaced
+STEADY = 60.0  # a front process that served this long before it ended is replaced after RESTART_FIRST
 FAILED = "the worker's front process ended"  # the error reported for its requests in flight
 PR_SET_PDEATHSIG = 1
 WORKER_DIR = Path(__file__).resolve().parents[2]  # holds the `workers` package
@@ -194,6 +198,8 @@ class Member:
     started: dict[int, Any] = field(default_factory=dict)  # rid -> the SDK's RequestMetrics
     pending: list[Any] = field(default_factory=list)  # wire.Delegate: connections to send it this turn
     served: int = 0
+    pause: float = RESTART_FIRST  # before the process that replaces this one, should it end
+    ready_at: float | None = None  # loop time it said it was ready
 
 
 class Fleet:
@@ -224,6 +230,8 @@ class Fleet:
         self.outcomes = {key: sdk_seam.get(metrics, key) for key in (
             "request_start", "request_success", "request_errored", "request_canceled", "request_end")}
         self._timer: asyncio.TimerHandle | None = None
+        self.restarted = 0  # front processes started in place of one that ended
+        self.served_before = 0  # requests served by front processes that ended
 
     # -- starting
 
@@ -231,22 +239,35 @@ class Fleet:
         """Start the front processes (from the primary's loop, once the server starts)."""
         if self.members:
             return
+        self.members = [self._spawn(index) for index in range(1, self.processes + 1)]
+        self._timer = asyncio.get_running_loop().call_later(STATE_EVERY, self._tick)
+
+    def _spawn(self, index: int, pause: float = RESTART_FIRST) -> Member:
+        """Start front process `index` and watch its link."""
         loop = asyncio.get_running_loop()
         encoded = base64.b64encode(marshal.dumps(dataclasses.astuple(self.defaults))).decode("ascii")
         env = {**config.snapshot()}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WORKER_DIR), env.get("PYTHONPATH", "")) if p)
-        for index in range(1, self.processes + 1):
-            ours, theirs = make_link()
-            process = subprocess.Popen(
-                [self.python, "-m", "workers.openai.front_process", encoded, str(theirs.fileno()),
-                 str(self.slots.fd), str(index), str(self.processes + 1), str(os.getpid())],
-                env=env, pass_fds=(theirs.fileno(), self.slots.fd), stdin=subprocess.DEVNULL)
-            theirs.close()
-            member = Member(index, process, ours)
-            self.members.append(member)
-            loop.add_reader(ours.fileno(), self._readable, member)
-            loop.call_later(START_TIMEOUT, self._late, member)
-        self._timer = loop.call_later(STATE_EVERY, self._tick)
+        ours, theirs = make_link()
+        process = subprocess.Popen(
+            [self.python, "-m", "workers.openai.front_process", encoded, str(theirs.fileno()),
+             str(self.slots.fd), str(index), str(self.processes + 1), str(os.getpid())],
+            env=env, pass_fds=(theirs.fileno(), self.slots.fd), stdin=subprocess.DEVNULL)
+        theirs.close()
+        member = Member(index, process, ours, pause=pause)
+        loop.add_reader(ours.fileno(), self._readable, member)
+        loop.call_later(START_TIMEOUT, self._late, member)
+        return member
+
+    def _replace(self, member: Member) -> None:
+        """Start a front process in place of `member`, which ended (not while draining)."""
+        if self.drain.draining or member not in self.members:
+            return
+        # Should this one end soon too, the pause before the next doubles (a crash loop costs little).
+        self.members[self.members.index(member)] = self._spawn(member.index, min(RESTART_MAX, member.pause * 2))
+        self.restarted += 1
+        self.served_before += member.served
+        _say(f"bakery-worker: front process {member.index} started again in place of the one that ended")
 
     def _late(self, member: Member) -> None:
         if member.alive and not member.ready:
@@ -314,6 +335,7 @@ class Fleet:
         if isinstance(message, tuple):
             if message[0] == "ready":
                 member.ready = True
+                member.ready_at = asyncio.get_running_loop().time()
                 _say(f"bakery-worker: front process {member.index} (pid {member.process.pid}) ready")
                 self._send_state(force=True)
             elif message[0] == "h":
@@ -394,10 +416,17 @@ class Fleet:
         how = ("still running" if code is None else f"exit status {code}" if code >= 0
                else f"killed by signal {-code}")
         lost = len(member.started)
+        # One that never became ready would fail again the same way (_late says why it stopped).
+        again = member.ready and not self.drain.draining
+        if again:
+            ran = asyncio.get_running_loop().time() - (member.ready_at or 0.0)
+            member.pause = member.pause if ran < STEADY else RESTART_FIRST
+            asyncio.get_running_loop().call_later(member.pause, self._replace, member)
         if not self.drain.draining or lost:
+            then = f"until a new one starts in {member.pause:g} s" if again else "from now on"
             _say(f"bakery-worker: warning: front process {member.index} ended ({how}); {lost} request(s) it "
                  f"was serving failed, {len(member.given)} connection(s) it held closed; the worker serves "
-                 "without it")
+                 f"without it {then}")
         for metrics in member.started.values():
             self._end(metrics, "errored", FAILED)
         member.started.clear()
@@ -441,10 +470,11 @@ class Fleet:
     def draining(self) -> str:
         """Tell the front processes at once that the drain began (a drain note: its line)."""
         self._send_state()
-        served = sum(m.served for m in self.members)
+        served = self.served_before + sum(m.served for m in self.members)
         alive = sum(1 for m in self.members if m.alive and m.ready)
+        again = f"; {self.restarted} started again in place of one that ended" if self.restarted else ""
         return (f"bakery-worker: front processes: {alive} of {len(self.members)} running, {served} request(s) "
-                "served by them; told to drain")
+                f"served by them; told to drain{again}")
 
     def describe(self) -> str:
         """The startup line."""
