@@ -8,6 +8,7 @@ stopped first and the engine only after it (the held answer needs the engine to 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -62,6 +63,36 @@ def test_drain_time_is_read(raw: str | None, seconds: float) -> None:
 def test_a_bad_drain_time_is_one_line_naming_the_variable(raw: str) -> None:
     _, errors = drain.load({drain.DRAIN_VAR: raw})
     assert len(errors) == 1 and errors[0].startswith(f"{drain.DRAIN_VAR}={raw!r} is not a number of seconds")
+
+
+def test_the_count_is_read_after_the_holds(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A request that enters during a hold (a front process's, its entry a few ms late) is counted and
+    waited for, even when the worker's own last request ended during the hold; a drain without it
+    would have exited at once."""
+    monkeypatch.setattr(drain.logging, "shutdown", lambda: None)  # _finish's, at the exit
+    exits: list[int] = []
+
+    async def scenario() -> None:
+        ours = drain.Drain(5.0, 1, (ROUTE,), exit=exits.append)
+
+        async def hold() -> None:
+            await asyncio.sleep(0.05)
+            ours.leave(None)  # the worker's own request ends: the count is 0 for a moment
+            ours.enter()  # the front process's entry arrives
+
+        ours.holds.append(hold)
+        ours.enter()
+        ours.begin()
+        await asyncio.sleep(0.3)
+        assert exits == [], "the drain exited with a request in flight"
+        ours.leave(None)
+        assert ours._task is not None
+        await asyncio.wait_for(ours._task, 2)
+
+    asyncio.run(scenario())
+    assert exits == [0]
+    said = capsys.readouterr().out
+    assert "stop signal: draining, 1 request(s) in flight" in said and "drained in" in said, said
 
 
 # --------------------------------------------------------------------------- the worker alone

@@ -928,6 +928,7 @@ def install_fronts(defaults: EngineDefaults, settings: Settings, ctx: Any, backe
                          slots=slots, released=made.released)
     made.fleet = fleet
     fleet.take_back = made.take_back
+    ctx.drain.holds.append(fleet.hold)
     ctx.drain.notes.append(fleet.draining)
     ctx.key_changed.append(fleet.key_changed)
 

@@ -87,6 +87,10 @@ class Drain:
         self._unflushed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
         self.notes: list[Callable[[], str]] = []  # lines said when the drain begins (the wire front's count)
+        # Waited for before the count is read: a front process's requests reach it a few ms late, and
+        # its answer that the drain began says every one of them is counted (fronts.Fleet.hold).
+        self.holds: list[Callable[[], Awaitable[None]]] = []
+        self._said = False
 
     async def middleware(self, request: Any, handler: Any) -> Any:
         """Refuse while draining; otherwise serve and finish the answer inside the count."""
@@ -132,20 +136,36 @@ class Drain:
             return
         self.draining = True
         self._idle = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._finish())
+
+    async def _settle(self) -> None:
+        """Wait for the holds, say what is in flight, then wait until nothing is."""
+        assert self._idle is not None
+        for hold in self.holds:
+            await hold()
+        self._begun()
         if self.in_flight == 0:
             self._idle.set()
+        else:
+            self._idle.clear()  # a leave() during the holds may have set it before a late entry
+        await self._idle.wait()
+
+    def _begun(self) -> None:
+        """Say that the drain began (once): what is in flight, and the notes."""
+        if self._said:
+            return
+        self._said = True
         _say(f"bakery-worker: stop signal: draining, {self.in_flight} request(s) in flight, up to "
              f"{self.seconds:g} s ({DRAIN_VAR}); new requests get 503")
         for note in self.notes:
             _say(note())
-        self._task = asyncio.get_running_loop().create_task(self._finish())
 
     async def _finish(self) -> None:
-        assert self._idle is not None
         start = time.monotonic()
         try:
-            await asyncio.wait_for(self._idle.wait(), self.seconds)
+            await asyncio.wait_for(self._settle(), self.seconds)
         except asyncio.TimeoutError:
+            self._begun()
             _say(f"bakery-worker: drain time over ({self.seconds:g} s, {DRAIN_VAR}): {self.in_flight} "
                  "request(s) still in flight are cut")
         else:

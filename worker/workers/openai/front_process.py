@@ -252,6 +252,10 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
             state.draining = True
             if primary_drain is not None:
                 primary_drain.draining = True  # the engine pool's renewal stops with it
+            # Every request taken so far entered the outbox; the primary reads the drain's count
+            # once this arrives after them (Fleet.hold).
+            outbox.flush()
+            fronts.send(link, ("drain seen",))
         if loaded and not warmed and ctx.pool is not None and ready_connections > 0:
             warmed.append(loop.create_task(engine_warm.open_ready(ctx.pool, ready_connections)))
 

@@ -70,7 +70,9 @@ WORKER_DIR = Path(__file__).resolve().parents[2]  # holds the `workers` package
 # this worker's own processes, over a socketpair the primary made):
 # primary -> front: ("c", conn_ids, datas) with a descriptor each: connections to serve (the bytes read)
 #                   ("s", state): pairs, unsecured, loaded, draining, wait_time
-# front -> primary: ("ready",); a list of events:
+# front -> primary: ("ready",); ("drain seen",) once the first state with the drain on arrived, after
+#                   every event before it (so every request it had taken is in the drain's count);
+#                   a list of events:
 #   ("i",) / ("o",)                            a request entered / left (the drain's count)
 #   ("s", rid, idx, reqnum, workload, entered, started)  request_start
 #   ("e", rid, kind, message)                  success | errored | canceled, then request_end
@@ -231,6 +233,8 @@ class Fleet:
             "request_start", "request_success", "request_errored", "request_canceled", "request_end")}
         self._timer: asyncio.TimerHandle | None = None
         self.restarted = 0  # front processes started in place of one that ended
+        self.unseen: set[int] = set()  # indexes of front processes yet to say they saw the drain
+        self.seen: asyncio.Future[None] | None = None  # done once `unseen` is empty
         self.served_before = 0  # requests served by front processes that ended
 
     # -- starting
@@ -340,6 +344,8 @@ class Fleet:
                 self._send_state(force=True)
             elif message[0] == "h":
                 self._given_back(member, message[1], message[2], fd)
+            elif message[0] == "drain seen":
+                self._saw_drain(member)
             return
         for event in message:
             self._event(member, event)
@@ -437,6 +443,7 @@ class Fleet:
             self.released()
         member.given.clear()
         self.slots.view[member.index] = 0  # its bodies are gone with it
+        self._saw_drain(member)  # nothing of it is left to count
 
     # -- the state the front processes judge requests by
 
@@ -466,6 +473,22 @@ class Fleet:
     def _tick(self) -> None:
         self._send_state()
         self._timer = asyncio.get_running_loop().call_later(STATE_EVERY, self._tick)
+
+    async def hold(self) -> None:
+        """The drain's hold: tell every running front process that the drain began and wait until each
+        says it saw it (or ended). A request a front process took a moment ago is in the drain's count
+        only once its entry arrived, a few ms later; its answer comes after every such entry."""
+        self.unseen = {m.index for m in self.members if m.ready and m.alive}
+        if not self.unseen:
+            return
+        self.seen = asyncio.get_running_loop().create_future()
+        self._send_state()
+        await self.seen  # the drain's time bounds it
+
+    def _saw_drain(self, member: Member) -> None:
+        self.unseen.discard(member.index)
+        if not self.unseen and self.seen is not None and not self.seen.done():
+            self.seen.set_result(None)
 
     def draining(self) -> str:
         """Tell the front processes at once that the drain began (a drain note: its line)."""
