@@ -3,6 +3,7 @@ with a descriptor, each process's share of the engine connections opened at load
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import types
@@ -161,3 +162,49 @@ def test_key_rotation_tells_its_listeners_once_the_new_key_is_loaded() -> None:
     ctx.key_changed.append(lambda: seen.append(sdk_seam.get(backend, "pubkey")))
     guards.new_key(ctx, "new")
     assert seen == ["new"]
+
+
+def bare_fleet(members: list[fronts.Member]) -> fronts.Fleet:
+    """A Fleet with what its drain hold and state messages use (no SDK, no processes started)."""
+    fleet = object.__new__(fronts.Fleet)
+    fleet.__dict__.update(members=members, drain=types.SimpleNamespace(draining=True), knows=lambda *_: False,
+                          backend=types.SimpleNamespace(unsecured=False), loaded=lambda: True,
+                          wait_time=lambda: 0.0, slots=fronts.Slots(len(members) + 1), state=None,
+                          unseen=set(), seen=None)
+    return fleet
+
+
+@pytest.mark.parametrize("told_by_the_tick", [False, True])
+def test_the_drain_hold_ends_once_every_front_process_saw_the_drain(told_by_the_tick: bool) -> None:
+    """The hold sends the drain's state and ends once each running front process answered or ended;
+    one the 50 ms state tick told first (its answer already in) is not waited for again."""
+    links = [fronts.make_link() for _ in range(2)]
+    first, second = (fronts.Member(i + 1, types.SimpleNamespace(pid=0), ours, ready=True)
+                     for i, (ours, _) in enumerate(links))
+    fleet = bare_fleet([first, second])
+
+    async def scenario() -> None:
+        if told_by_the_tick:
+            fleet._send_state()  # the tick ran before the drain's hold
+            fleet._apply(first, ("drain seen",), None)
+            fleet._apply(second, ("drain seen",), None)
+            await asyncio.wait_for(fleet.hold(), 1)
+            return
+        held = asyncio.get_running_loop().create_task(fleet.hold())
+        await asyncio.sleep(0.01)
+        assert not held.done()
+        for _, theirs in links:  # each was told: the state with the drain on
+            [(message, _fds)] = fronts.receive(theirs)
+            assert message[0] == "s" and message[1][3] is True
+        fleet._apply(first, ("drain seen",), None)
+        await asyncio.sleep(0.01)
+        assert not held.done()  # the second has not answered
+        fleet._saw_drain(second)  # as _ended does for one that ended
+        await asyncio.wait_for(held, 1)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for pair in links:
+            for sock in pair:
+                sock.close()

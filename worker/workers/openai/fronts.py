@@ -61,7 +61,7 @@ _FD_SIZE = 4  # a descriptor in SCM_RIGHTS data: a C int
 MAX_FDS = 64  # descriptors per message (connections given in one loop turn go together)
 START_TIMEOUT = 60.0  # seconds a front process may take to say it is ready before it is stopped
 RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # the pause before a front process that ended is replaced
-STEADY = 60.0  # a front process that served this long before it ended is replaced after RESTART_FIRST
+STEADY = 60.0  # a front process that ran this long after its ready is replaced after RESTART_FIRST
 FAILED = "the worker's front process ended"  # the error reported for its requests in flight
 PR_SET_PDEATHSIG = 1
 WORKER_DIR = Path(__file__).resolve().parents[2]  # holds the `workers` package
@@ -202,6 +202,7 @@ class Member:
     served: int = 0
     pause: float = RESTART_FIRST  # before the process that replaces this one, should it end
     ready_at: float | None = None  # loop time it said it was ready
+    saw_drain: bool = False  # it said it saw the drain: every request it took is in the drain's count
 
 
 class Fleet:
@@ -478,7 +479,8 @@ class Fleet:
         """The drain's hold: tell every running front process that the drain began and wait until each
         says it saw it (or ended). A request a front process took a moment ago is in the drain's count
         only once its entry arrived, a few ms later; its answer comes after every such entry."""
-        self.unseen = {m.index for m in self.members if m.ready and m.alive}
+        # The state tick may have told some already (their answer may be in): those are not waited for.
+        self.unseen = {m.index for m in self.members if m.ready and m.alive and not m.saw_drain}
         if not self.unseen:
             return
         self.seen = asyncio.get_running_loop().create_future()
@@ -486,6 +488,7 @@ class Fleet:
         await self.seen  # the drain's time bounds it
 
     def _saw_drain(self, member: Member) -> None:
+        member.saw_drain = True
         self.unseen.discard(member.index)
         if not self.unseen and self.seen is not None and not self.seen.done():
             self.seen.set_result(None)
