@@ -468,22 +468,12 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def cpu_split(pids: list[int]) -> tuple[float, float]:
-    """(utime, stime) of `pids` (seconds; a pid gone counts 0)."""
-    user = system = 0
-    for pid in pids:
-        if (fields := _stat_fields(pid)) is not None:
-            user += int(fields[11])
-            system += int(fields[12])
-    return user / CLOCK_TICK, system / CLOCK_TICK
-
-
-def cpu_by_pid(pids: list[int]) -> dict[int, float]:
-    """Each live pid's utime+stime (seconds)."""
+def cpu_times(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """Each live pid's (utime, stime) in seconds (a pid gone is left out)."""
     seen = {}
     for pid in pids:
         if (fields := _stat_fields(pid)) is not None:
-            seen[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+            seen[pid] = (int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK)
     return seen
 
 
@@ -521,8 +511,7 @@ class Watch:
         self.pids = process_tree(root)
         self.rss_before = rss_kib(self.pids)
         self.rss_peak = self.rss_before
-        self.split_before = cpu_split(self.pids)
-        self.by_pid_before = cpu_by_pid(self.pids)
+        self.times_before = cpu_times(self.pids)
         self.cpu = self.user = self.system = 0.0
         self.roles: dict[str, float] = {}
         self._stop = threading.Event()
@@ -544,12 +533,14 @@ class Watch:
         self.rss_peak = max(self.rss_peak, rss_kib(pids))
         # A process of the tree that ended during the round takes its CPU time with it (not counted);
         # one started during it counts from 0.
-        user, system = cpu_split(pids)
-        self.user, self.system = user - self.split_before[0], system - self.split_before[1]
+        times = cpu_times(pids)
+        before = self.times_before.values()
+        self.user = sum(u for u, _ in times.values()) - sum(u for u, _ in before)
+        self.system = sum(t for _, t in times.values()) - sum(t for _, t in before)
         self.cpu = self.user + self.system
-        for pid, seconds in cpu_by_pid(pids).items():
+        for pid, (user, system) in times.items():
             role = process_role(pid, self.root)
-            self.roles[role] = self.roles.get(role, 0.0) + seconds - self.by_pid_before.get(pid, 0.0)
+            self.roles[role] = self.roles.get(role, 0.0) + user + system - sum(self.times_before.get(pid, (0.0, 0.0)))
         self.pids = sorted(set(self.pids) | set(pids))
         return self
 
