@@ -41,7 +41,7 @@ def test_install_refuses_without_the_sdk_server_module(monkeypatch: pytest.Monke
 def test_the_startup_line_lists_guards_and_limits() -> None:
     line = guards.describe(("own_url", "limits"), guards.Limits())
     assert line.startswith("bakery-worker: guards=own_url,limits max_body=16777216B ")
-    for part in ("body_timeout=60s", "header_timeout=30s", "engine_connect=10s", "engine_idle=600s",
+    for part in ("body_timeout=60s", "header_timeout=30s", "send_timeout=30s", "engine_connect=10s", "engine_idle=600s",
                  "retry_after=10s", "sessions=off", "session_lifetime<=600s", "max_sessions=10",
                  "pubkey_backoff<=60s"):
         assert part in line

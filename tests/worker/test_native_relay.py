@@ -2,8 +2,10 @@
 worker is told, for every way a streamed body can end, and at every cut of the engine's bytes.
 
 The program is driven as native_relay.py drives it (a SOCK_SEQPACKET control socket, the two sockets
-passed with SCM_RIGHTS); the engine and the client are this test's ends of two socket pairs. The
-worker on both relays is held to the same answers in test_native_relay_worker.py.
+passed with SCM_RIGHTS); the engine and the client are this test's ends of two socket pairs. Every
+test runs on the shipped build and on one with AddressSanitizer and UndefinedBehaviorSanitizer, which
+ends the program at the first finding (the relay's fuzz harness is tests/worker/test_relay_fuzz.py).
+The worker on both relays is held to the same answers in test_native_relay_worker.py.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from pathlib import Path
 import pytest
 from workers.openai import native_relay
 
+from bakery.host.relay import sanitized_relay
 from tests.worker.helpers import relay_program_path
 
-START, ABORT, DONE = struct.Struct("<cII"), struct.Struct("<cI"), struct.Struct("<IHHQ")
+START, ABORT, DONE = struct.Struct("<cIII"), struct.Struct("<cI"), struct.Struct("<IHHQ")
 HEAD_WRITTEN, HEAD_MAX = 1, 16384
-END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
+END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED, STALLED = range(10)
+SMALL_BUFFER = 4096  # a client socket's send room (the kernel doubles it): a write that it cannot take whole
 
 
 class Helper:
@@ -39,14 +43,16 @@ class Helper:
         self.flags = -1  # of the last done message
 
     def stream(self, idle_ms: int = 0, keep: list[socket.socket] | None = None,
-               head: bytes = b"") -> tuple[int, socket.socket, socket.socket]:
+               head: bytes = b"", send_ms: int = 0, small: bool = False) -> tuple[int, socket.socket, socket.socket]:
         """(id, engine end, client end) of a new stream handed to the helper, with the answer's `head`
         for it to write first; `keep` gets the worker's own end of the engine connection (else it is
-        closed, as if the worker had dropped it)."""
+        closed, as if the worker had dropped it); `small`: the client's socket takes little at once."""
         engine_ours, engine_theirs = socket.socketpair()
         client_ours, client_theirs = socket.socketpair()
+        if small:
+            client_theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
         self.next_id += 1
-        socket.send_fds(self.ctl, [START.pack(b"S", self.next_id, idle_ms) + head],
+        socket.send_fds(self.ctl, [START.pack(b"S", self.next_id, idle_ms, send_ms) + head],
                         [client_theirs.fileno(), engine_theirs.fileno()])
         if keep is None:
             engine_theirs.close()
@@ -67,12 +73,12 @@ class Helper:
         self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def helper() -> Iterator[Helper]:
-    made = Helper(relay_program_path())
+@pytest.fixture(scope="module", params=["shipped", "sanitized"])
+def helper(request: pytest.FixtureRequest) -> Iterator[Helper]:
+    made = Helper(relay_program_path() if request.param == "shipped" else sanitized_relay())
     yield made
     made.close()
-    assert made.proc.returncode == 0  # it exits by itself when the worker's end closes
+    assert made.proc.returncode == 0  # it exits by itself when the worker's end closes (a finding: 1)
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -216,6 +222,90 @@ def test_a_client_that_takes_nothing_is_ended_at_the_idle_limit(helper: Helper) 
     assert time.monotonic() - started < 5, "a stream whose client took nothing was not ended"
     assert helper.done()[:2] == (ident, IDLE)
     assert 0 < len(read_until_closed(client)) < sent  # what it had room for, then the cut
+
+
+def test_one_byte_chunks_with_bare_lf_size_lines_fit_the_output_room(helper: Helper) -> None:
+    """A size line ending in a bare LF is written with CRLF: one byte more than came. A read of
+    13,000 one-byte chunks so framed grows by a fifth; it once wrote ~9 KB past the output room
+    (the sanitized build died of it, the shipped one overwrote its next buffer)."""
+    ident, engine, client = helper.stream()
+    count = 13000
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(read_until_closed(client)))
+    reader.start()
+    engine.sendall(b"1\nX\r\n" * count + b"0\r\n\r\n")
+    assert helper.done() == (ident, END, count)
+    reader.join(10)
+    assert received == [b"1\r\nX\r\n" * count]
+
+
+def fill_engine(engine: socket.socket, unit: bytes, seconds: float = 5) -> int:
+    """Send `unit` over and over until the engine's sends block (the helper stopped reading it) or the
+    stream ended; the bytes sent."""
+    sent = 0
+    engine.setblocking(False)
+    started = time.monotonic()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        while time.monotonic() - started < seconds:
+            try:
+                sent += engine.send(unit[sent % len(unit):] + unit)
+            except BlockingIOError:
+                break
+    engine.setblocking(True)
+    return sent
+
+
+def test_a_client_that_takes_nothing_after_the_engine_ended_is_ended_at_the_send_limit(helper: Helper) -> None:
+    """The body's end is read while a client write is pending, and the client never reads again: the
+    idle limit no longer applies (the engine is done), the send limit does, in that state too."""
+    ident, engine, client = helper.stream(idle_ms=300, send_ms=300, small=True)
+    piece = b"x" * 60000
+    engine.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(piece), piece))
+    started = time.monotonic()
+    outcome = helper.done()
+    assert outcome[:2] == (ident, STALLED), outcome
+    assert 0.2 < time.monotonic() - started < 5
+    assert 0 < len(read_until_closed(client)) < len(piece)  # what it had room for, then the cut
+
+
+def test_a_client_that_takes_nothing_mid_body_is_ended_at_the_send_limit(helper: Helper) -> None:
+    ident, engine, client = helper.stream(send_ms=300, small=True)  # no idle limit: the send one ends it
+    piece = b"x" * 60000
+    sent = fill_engine(engine, b"%x\r\n%s\r\n" % (len(piece), piece))
+    outcome = helper.done()
+    assert outcome[:2] == (ident, STALLED), outcome
+    assert 0 < len(read_until_closed(client)) < sent  # what it had room for, then the cut
+
+
+def test_a_slow_client_is_not_ended_while_it_takes_bytes(helper: Helper) -> None:
+    """The send limit counts from the last byte a client took, not from when the write began."""
+    ident, engine, client = helper.stream(send_ms=400, small=True)
+    piece = b"y" * 30000
+    body = b"%x\r\n%s\r\n" % (len(piece), piece) * 4
+    writer = threading.Thread(target=engine.sendall, args=(body + b"0\r\n\r\n",))
+    writer.start()
+    received = b""
+    client.settimeout(10)
+    while len(received) < len(body):  # ~3 s in all: far past the send limit, a little at a time
+        time.sleep(0.1)
+        received += client.recv(4096)
+    writer.join(10)
+    assert helper.done() == (ident, END, 4 * len(piece))
+    assert received == body
+
+
+def test_an_engine_ending_while_a_client_write_is_pending_loses_and_reorders_nothing(helper: Helper) -> None:
+    """The engine sends more and closes while the client takes nothing: the engine's hang-up must not
+    read (and write) its last bytes ahead of the pending ones."""
+    ident, engine, client = helper.stream(small=True)
+    pieces = [bytes([65 + i % 26]) * 20000 for i in range(8)]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+    engine.sendall(body)
+    engine.close()  # a hang-up now, with bytes still unread behind the pending write
+    time.sleep(0.3)  # the helper sees the hang-up while the client has not read
+    received = read_until_closed(client)
+    assert helper.done() == (ident, ENGINE_EOF, sum(map(len, pieces)))
+    assert received == body
 
 
 def test_a_bad_message_is_refused_and_closes_what_it_carried(helper: Helper) -> None:

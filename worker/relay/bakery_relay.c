@@ -20,21 +20,22 @@
  * bytes moved. The engine connection is then the worker's again, positioned after the answer, so it
  * can be kept alive.
  *
- * Backpressure: a client that does not take a write whole stops the engine's reads until the rest
- * is written. Each stream has an idle limit: no engine byte read for that long ends it, also when
- * the reads stopped for a client that takes nothing (the worker's own relay ends it so too: a time
- * bound), but not once the body was read to its end. A message that
- * the worker sends with an unknown id, or an abort, is a no-op or ends the stream (descriptors
- * closed, no more writes). SIGTERM and SIGINT are ignored: during the worker's drain the streams in
+ * Backpressure: a client that does not take a write whole stops the engine's reads (its descriptor
+ * leaves the epoll set, so a hang-up cannot wake a read either) until the rest is written. Each
+ * stream has two time limits: idle (no engine byte read for that long, while the body goes on) and
+ * send (a pending client write that takes no byte for that long, in every state, the body's end
+ * read or not). A message that the worker sends with an unknown id, or an abort, is a no-op or ends
+ * the stream (descriptors closed, no more writes). SIGTERM and SIGINT are ignored: during the worker's drain the streams in
  * flight are finished here; the helper exits when the worker's end of the socketpair closes (or,
  * via PR_SET_PDEATHSIG, when the worker dies).
  *
  *   bakery-relay CONTROL_FD
  *
- * Messages (little-endian, packed): start  'S' u32 id u32 idle_ms [head, up to HEAD_MAX bytes], with
- * two descriptors (client, engine); abort 'A' u32 id. Done: u32 id, u16 outcome (the OUT_* values),
+ * Messages (little-endian, packed): start  'S' u32 id u32 idle_ms u32 send_ms [head, up to HEAD_MAX
+ * bytes], with two descriptors (client, engine); 0 ms is no limit; abort 'A' u32 id. Done: u32 id, u16 outcome (the OUT_* values),
  * u16 flags (DONE_HEAD_WRITTEN: the start's head reached the client), u64 body bytes.
- * Built statically (bakery/host/relay.py), so it runs on any base whatever its C library.
+ * Built statically (bakery/host/relay.py), so it runs on any base whatever its C library. With
+ * BAKERY_RELAY_NO_MAIN defined, the file is the fuzz harness's library (tests/worker/relay_fuzz/).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -59,6 +60,7 @@ enum {
     OUT_IDLE = 6,        /* no engine byte within the stream's idle limit */
     OUT_ABORTED = 7,     /* the worker asked for the stream's end */
     OUT_REFUSED = 8,     /* the helper could not take the stream (no slot, a bad message) */
+    OUT_CLIENT_STALLED = 9, /* a pending client write took no byte within the stream's send limit */
 };
 
 enum { ST_LINE, ST_DATA, ST_CRLF, ST_TRAILER, ST_DONE };
@@ -66,7 +68,12 @@ enum { DONE_HEAD_WRITTEN = 1 };
 
 #define READ_MAX 65536
 #define LINE_MAX_LEN 4096
-#define OUT_MAX (READ_MAX + LINE_MAX_LEN + 64)
+/* What one read can become for the client: every size line ending in this read is written in at most
+ * one byte more than came (a bare LF becomes CRLF; a line that is not plain is written as at most 15
+ * hex digits and CRLF, never longer than its digits and LF plus one), so at most 2 x READ_MAX, plus
+ * the start of a size line carried over from earlier reads. put() checks every append against it. */
+#define OUT_MAX (2 * READ_MAX + LINE_MAX_LEN + 64)
+#define START_LEN 13 /* 'S', id, idle_ms, send_ms */
 #define HEAD_MAX 16384 /* an answer head the worker hands over with a stream (its own bound is 8 KiB) */
 #define IDLE_SCAN_MS 100
 
@@ -85,8 +92,9 @@ struct stream {
     char *head;         /* the answer's head, not yet written (NULL: none, or written) */
     size_t head_len;
     int head_written;
-    uint32_t idle_ms;
+    uint32_t idle_ms, send_ms;
     int64_t last_read;
+    int64_t last_sent;  /* when a client write last took a byte (or the pending write began) */
     int ended_outcome;  /* the outcome to report once pending bytes are written, -1 while streaming */
 };
 
@@ -94,11 +102,13 @@ static struct stream *streams;
 static size_t nslots;
 static int epfd, ctl;
 
-static int64_t now_ms(void) {
+static int64_t monotonic_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+
+static int64_t (*now_ms)(void) = monotonic_ms; /* the fuzz harness runs the limits on its own clock */
 
 static void say_done(uint32_t id, uint16_t outcome, uint16_t flags, uint64_t bytes) {
     unsigned char msg[16];
@@ -111,7 +121,7 @@ static void say_done(uint32_t id, uint16_t outcome, uint16_t flags, uint64_t byt
 }
 
 static void finish(struct stream *s, int outcome) {
-    epoll_ctl(epfd, EPOLL_CTL_DEL, s->efd, NULL);
+    epoll_ctl(epfd, EPOLL_CTL_DEL, s->efd, NULL); /* either may be out of the set already: ENOENT */
     epoll_ctl(epfd, EPOLL_CTL_DEL, s->cfd, NULL);
     close(s->efd);
     close(s->cfd);
@@ -125,23 +135,38 @@ static void finish(struct stream *s, int outcome) {
 
 static uint64_t tag(size_t slot, int client) { return ((uint64_t)slot << 1) | (uint64_t)client; }
 
-/* Wait for the client to take the rest: no engine reads until then. */
+/* Wait for the client to take the rest: no engine reads until then. The engine's descriptor leaves
+ * the set: an epoll mask of 0 still reports a hang-up or an error, which would read the engine (and
+ * write its bytes) ahead of the pending ones. */
 static void hold(struct stream *s, size_t slot) {
-    struct epoll_event none = {.events = 0, .data.u64 = tag(slot, 0)};
     struct epoll_event out = {.events = EPOLLOUT, .data.u64 = tag(slot, 1)};
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->efd, &none);
+    epoll_ctl(epfd, EPOLL_CTL_DEL, s->efd, NULL);
     epoll_ctl(epfd, EPOLL_CTL_ADD, s->cfd, &out);
+    s->last_sent = now_ms();
 }
 
-static void release(struct stream *s, size_t slot) {
+static int release(struct stream *s, size_t slot) {
     struct epoll_event in = {.events = EPOLLIN, .data.u64 = tag(slot, 0)};
     epoll_ctl(epfd, EPOLL_CTL_DEL, s->cfd, NULL);
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->efd, &in);
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, s->efd, &in);
 }
 
-/* Write buf to the client; what it does not take is kept. 0, or -1 when the client is gone. */
+/* Write buf to the client after anything pending; what it does not take is kept. 0, or -1 when the
+ * client is gone. */
 static int write_client(struct stream *s, size_t slot, const char *buf, size_t len) {
     size_t off = 0;
+    if (s->pending) { /* never while held (no engine reads then); kept in order all the same */
+        size_t rest = s->pending_len - s->pending_off;
+        char *more = malloc(rest + len);
+        if (more == NULL) return -1;
+        memcpy(more, s->pending + s->pending_off, rest);
+        memcpy(more + rest, buf, len);
+        free(s->pending);
+        s->pending = more;
+        s->pending_len = rest + len;
+        s->pending_off = 0;
+        return 0;
+    }
     while (off < len) {
         ssize_t n = send(s->cfd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
@@ -190,23 +215,31 @@ static int blank(const char *line, size_t len) {
     return 1;
 }
 
-/* Parse one engine read, appending what the client gets to out. Returns -1 (malformed) or the number
- * of bytes of data after the body's end (0 when none, or the body goes on). */
-static ssize_t parse(struct stream *s, const char *data, size_t len, char *out, size_t *out_len) {
+/* Append n bytes to out (cap bytes of room): 0, or -1 when they do not fit (OUT_MAX says why they
+ * always do; a framing that proves it wrong is refused as malformed, never written past the room). */
+static int put(char *out, size_t *out_len, size_t cap, const char *bytes, size_t n) {
+    if (n > cap - *out_len) return -1;
+    memcpy(out + *out_len, bytes, n);
+    *out_len += n;
+    return 0;
+}
+
+/* Parse one engine read, appending what the client gets to out (cap bytes of room). Returns -1
+ * (malformed) or the number of bytes of data after the body's end (0 when none, or the body goes on). */
+static ssize_t parse(struct stream *s, const char *data, size_t len, char *out, size_t *out_len, size_t cap) {
     size_t pos = 0;
     while (pos < len && s->state != ST_DONE) {
         if (s->state == ST_DATA) {
             size_t take = len - pos < s->left ? len - pos : (size_t)s->left;
-            memcpy(out + *out_len, data + pos, take);
-            *out_len += take;
+            if (put(out, out_len, cap, data + pos, take) < 0) return -1;
             pos += take;
             s->left -= take;
             s->bytes += take;
             if (s->left == 0) { s->state = ST_CRLF; s->crlf = 0; }
         } else if (s->state == ST_CRLF) {
             while (pos < len && s->crlf < 2) {
-                if (data[pos] != "\r\n"[s->crlf]) return -1;
-                out[(*out_len)++] = data[pos++];
+                if (data[pos] != "\r\n"[s->crlf] || put(out, out_len, cap, data + pos, 1) < 0) return -1;
+                pos++;
                 s->crlf++;
             }
             if (s->crlf == 2) { s->state = ST_LINE; s->line_len = 0; }
@@ -230,13 +263,14 @@ static ssize_t parse(struct stream *s, const char *data, size_t len, char *out, 
             if (size == 0) {
                 s->state = ST_TRAILER;
             } else {
-                if (plain) {
-                    memcpy(out + *out_len, s->line, s->line_len);
-                    *out_len += s->line_len;
-                    out[(*out_len)++] = '\n';
-                } else {
-                    *out_len += (size_t)sprintf(out + *out_len, "%llx\r\n", (unsigned long long)size);
+                char canonical[24];
+                const char *line = s->line;
+                size_t line_len = s->line_len;
+                if (!plain) { /* an extension, blanks or a bare LF: hex digits and CRLF alone */
+                    line_len = (size_t)snprintf(canonical, sizeof canonical, "%llx\r", (unsigned long long)size);
+                    line = canonical;
                 }
+                if (put(out, out_len, cap, line, line_len) < 0 || put(out, out_len, cap, "\n", 1) < 0) return -1;
                 s->state = ST_DATA;
                 s->left = (uint64_t)size;
             }
@@ -275,7 +309,7 @@ static void engine_readable(size_t slot) {
     }
     s->last_read = now_ms();
     size_t out_len = 0;
-    ssize_t after = parse(s, buf, (size_t)got, out, &out_len);
+    ssize_t after = parse(s, buf, (size_t)got, out, &out_len, OUT_MAX);
     if (after < 0) {
         /* What was whole before the break still goes, once the head went: the client then sees the
          * body cut. Before it, nothing goes: the worker answers with an error instead. */
@@ -303,7 +337,7 @@ static void client_writable(size_t slot) {
     while (s->pending_off < s->pending_len) {
         ssize_t n = send(s->cfd, s->pending + s->pending_off, s->pending_len - s->pending_off,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) { s->pending_off += (size_t)n; continue; }
+        if (n > 0) { s->pending_off += (size_t)n; s->last_sent = now_ms(); continue; }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         finish(s, OUT_CLIENT_GONE);
@@ -312,7 +346,7 @@ static void client_writable(size_t slot) {
     free(s->pending);
     s->pending = NULL;
     if (s->ended_outcome >= 0) { finish(s, s->ended_outcome); return; }
-    release(s, slot);
+    if (release(s, slot) < 0) finish(s, OUT_ENGINE_ERR);
 }
 
 static size_t free_slot(void) {
@@ -335,7 +369,7 @@ static void refuse(uint32_t id, int *fds, int nfds) {
 
 /* One control message: 0, or -1 when the worker's end is closed. */
 static int control(void) {
-    static unsigned char msg[9 + HEAD_MAX + 1];
+    static unsigned char msg[START_LEN + HEAD_MAX + 1];
     char cbuf[CMSG_SPACE(2 * sizeof(int))];
     struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
@@ -356,7 +390,8 @@ static int control(void) {
     }
     uint32_t id = 0;
     if (n >= 5) memcpy(&id, msg + 1, 4);
-    if (n >= 9 && n <= 9 + HEAD_MAX && msg[0] == 'S' && nfds == 2 && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+    if (n >= START_LEN && n <= START_LEN + HEAD_MAX && msg[0] == 'S' && nfds == 2 &&
+        !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
         size_t slot = free_slot();
         if (slot == (size_t)-1) { refuse(id, fds, nfds); return 0; }
         struct stream *s = &streams[slot];
@@ -368,15 +403,16 @@ static int control(void) {
         s->state = ST_LINE;
         s->ended_outcome = -1;
         memcpy(&s->idle_ms, msg + 5, 4);
-        if (n > 9) {
-            s->head = malloc((size_t)n - 9);
+        memcpy(&s->send_ms, msg + 9, 4);
+        if (n > START_LEN) {
+            s->head = malloc((size_t)n - START_LEN);
             if (s->head == NULL) {
                 s->used = 0;
                 refuse(id, fds, nfds);
                 return 0;
             }
-            memcpy(s->head, msg + 9, (size_t)n - 9);
-            s->head_len = (size_t)n - 9;
+            memcpy(s->head, msg + START_LEN, (size_t)n - START_LEN);
+            s->head_len = (size_t)n - START_LEN;
         }
         s->last_read = now_ms();
         struct epoll_event in = {.events = EPOLLIN, .data.u64 = tag(slot, 0)};
@@ -398,53 +434,77 @@ static int control(void) {
     return 0;
 }
 
-static void scan_idle(int64_t now) {
+/* The time limits: idle while the body goes on and nothing is pending; send while a write is pending,
+ * whatever else the stream is in (the body's end read included: such a stream must not keep its
+ * client's connection, its slot in the worker's count, or a drain waiting). */
+static void scan_limits(int64_t now) {
     for (size_t i = 0; i < nslots; i++) {
         struct stream *s = &streams[i];
-        if (s->used && s->idle_ms && s->ended_outcome < 0 && now - s->last_read >= (int64_t)s->idle_ms)
+        if (!s->used) continue;
+        if (s->pending && s->send_ms && now - s->last_sent >= (int64_t)s->send_ms)
+            finish(s, OUT_CLIENT_STALLED);
+        else if (s->idle_ms && s->ended_outcome < 0 && now - s->last_read >= (int64_t)s->idle_ms)
             finish(s, OUT_IDLE);
     }
 }
 
+static int64_t last_scan;
+
+/* Take the control socket: 0, or -1 (said on stderr). */
+static int relay_setup(int control_fd) {
+    ctl = control_fd;
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ce = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
+    if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, ctl, &ce) < 0) {
+        perror("bakery-relay: epoll");
+        return -1;
+    }
+    last_scan = now_ms();
+    return 0;
+}
+
+/* One turn of the loop (waiting up to timeout_ms): 1 to go on, 0 when the worker is gone (so are its
+ * streams), -1 on an error (said on stderr). */
+static int relay_turn(int timeout_ms) {
+    struct epoll_event events[256];
+    int n = epoll_wait(epfd, events, 256, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+        perror("bakery-relay: epoll_wait");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t t = events[i].data.u64;
+        if (t == UINT64_MAX) {
+            if (control() < 0) return 0;
+            continue;
+        }
+        size_t slot = (size_t)(t >> 1);
+        if (slot >= nslots || !streams[slot].used) continue;
+        if (t & 1) client_writable(slot);
+        else if (streams[slot].pending == NULL) engine_readable(slot); /* a stale event of a held one */
+    }
+    int64_t now = now_ms();
+    if (now - last_scan >= IDLE_SCAN_MS) {
+        scan_limits(now);
+        last_scan = now;
+    }
+    return 1;
+}
+
+#ifndef BAKERY_RELAY_NO_MAIN
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: bakery-relay CONTROL_FD (started by the worker, not by hand)\n");
         return 2;
     }
-    ctl = atoi(argv[1]);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
-    epfd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ce = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
-    if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, ctl, &ce) < 0) {
-        perror("bakery-relay: epoll");
-        return 1;
+    if (relay_setup(atoi(argv[1])) < 0) return 1;
+    int going;
+    while ((going = relay_turn(IDLE_SCAN_MS)) > 0) {
     }
-    struct epoll_event events[256];
-    int64_t last_scan = now_ms();
-    for (;;) {
-        int n = epoll_wait(epfd, events, 256, IDLE_SCAN_MS);
-        if (n < 0 && errno != EINTR) {
-            perror("bakery-relay: epoll_wait");
-            return 1;
-        }
-        for (int i = 0; i < n; i++) {
-            uint64_t t = events[i].data.u64;
-            if (t == UINT64_MAX) {
-                if (control() < 0) return 0;  /* the worker is gone: so are its streams */
-                continue;
-            }
-            size_t slot = (size_t)(t >> 1);
-            if (slot >= nslots || !streams[slot].used) continue;
-            if (t & 1) client_writable(slot);
-            else engine_readable(slot);
-        }
-        int64_t now = now_ms();
-        if (now - last_scan >= IDLE_SCAN_MS) {
-            scan_idle(now);
-            last_scan = now;
-        }
-    }
+    return going < 0 ? 1 : 0;
 }
+#endif

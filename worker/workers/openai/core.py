@@ -1020,7 +1020,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if loop_warning:
         _warn(loop_warning)
     _say(f"bakery-worker: event loop: {loop_name}; {event_loop.tune_collector()}")
-    relay_name, relay_warning = native_relay.install(settings.relay, settings.relay_program)
+    relay_name, relay_warning = native_relay.install(settings.relay, settings.relay_program, limits.send_timeout)
     if relay_warning:
         _warn(relay_warning)
     _say(f"bakery-worker: streamed bodies after their head: {relay_name}")

@@ -259,7 +259,7 @@ class Answer:
             self._end()
         elif outcome == native.IDLE:
             self._fail(asyncio.TimeoutError())
-        elif outcome == native.CLIENT_GONE:
+        elif outcome in (native.CLIENT_GONE, native.CLIENT_STALLED):
             self.close()
         else:
             reason = {native.ENGINE_EOF: "the engine closed the connection mid-answer (EOF)",

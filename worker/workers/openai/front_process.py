@@ -227,7 +227,7 @@ def main(argv: list[str]) -> None:
         sys.stderr.write(f"bakery-worker: front process {index}: the wire front cannot run here; ending\n")
         raise SystemExit(core.EXIT_SDK)
     event_loop.install(settings.loop_choice)
-    native_relay.install(settings.relay, settings.relay_program)
+    native_relay.install(settings.relay, settings.relay_program, limits.send_timeout)
     asyncio.run(serve_forever(front, state, outbox, link, ctx, primary_drain, metrics,
                               fronts.ready_share(settings.engine_ready_connections, settings.front_processes)))
 

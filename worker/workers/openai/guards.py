@@ -97,6 +97,7 @@ class Limits:
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout: float = 60.0
     header_timeout: float = 30.0
+    send_timeout: float = 30.0
     engine_connect_timeout: float = 10.0
     engine_idle_timeout: float = 600.0
     retry_after: int = 10
@@ -116,6 +117,7 @@ LIMIT_VARS: dict[str, str] = {
     "max_body_bytes": "BAKERY_MAX_BODY_BYTES",
     "body_timeout": "BAKERY_BODY_TIMEOUT",
     "header_timeout": "BAKERY_HEADER_TIMEOUT",
+    "send_timeout": "BAKERY_SEND_TIMEOUT",
     "engine_connect_timeout": "BAKERY_ENGINE_CONNECT_TIMEOUT",
     "engine_idle_timeout": "BAKERY_ENGINE_IDLE_TIMEOUT",
     "retry_after": "BAKERY_RETRY_AFTER",
@@ -147,8 +149,9 @@ def describe(active: tuple[str, ...], limits: Limits) -> str:
     return (
         f"bakery-worker: guards={','.join(active) or '(none)'} "
         f"max_body={limits.max_body_bytes}B body_timeout={limits.body_timeout:g}s "
-        f"header_timeout={limits.header_timeout:g}s engine_connect={limits.engine_connect_timeout:g}s "
-        f"engine_idle={limits.engine_idle_timeout:g}s retry_after={limits.retry_after}s "
+        f"header_timeout={limits.header_timeout:g}s send_timeout={limits.send_timeout:g}s "
+        f"engine_connect={limits.engine_connect_timeout:g}s engine_idle={limits.engine_idle_timeout:g}s "
+        f"retry_after={limits.retry_after}s "
         f"sessions={'on' if limits.sessions else 'off'} session_lifetime<={limits.session_max_lifetime:g}s "
         f"max_sessions={limits.max_sessions} pubkey_backoff<={limits.pubkey_backoff_max:g}s "
         f"max_buffered={limits.max_buffered_bytes}B max_connections={limits.max_connections} "

@@ -39,8 +39,8 @@ CHOICES = (NATIVE, PYTHON)
 DEFAULT = NATIVE
 DEFAULT_PROGRAM = Path(__file__).resolve().parents[2] / "relay" / "bakery-relay"
 # Outcomes of bakery_relay.c (its OUT_* values).
-END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED = range(9)
-_START = struct.Struct("<cII")  # then the head, if any
+END, END_EXTRA, ENGINE_EOF, ENGINE_ERR, MALFORMED, CLIENT_GONE, IDLE, ABORTED, REFUSED, CLIENT_STALLED = range(10)
+_START = struct.Struct("<cIII")  # id, idle ms, send ms; then the head, if any
 _DONE = struct.Struct("<IHHQ")  # id, outcome, flags, body bytes moved
 HEAD_WRITTEN = 1  # a done message's flag: the start's head reached the client
 HEAD_MAX = 16384  # bakery_relay.c's bound on a head handed with a stream
@@ -65,6 +65,7 @@ class Relay:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead = False
         self.handed = 0
+        self.send_timeout = 0.0  # seconds a pending client write may take no byte (BAKERY_SEND_TIMEOUT)
 
     def describe(self) -> str:
         return f"bakery-worker: relay: {self.handed} stream(s) relayed by bakery-relay (pid {self.process.pid})"
@@ -126,9 +127,10 @@ class Relay:
         if self.loop is not loop:
             self._watch(loop)
         ident = next(self.ids) & 0xFFFFFFFF
-        idle_ms = min(int(idle * 1000), 0xFFFFFFFF) if idle else 0
+        idle_ms, send_ms = (min(int(seconds * 1000), 0xFFFFFFFF) if seconds else 0
+                            for seconds in (idle, self.send_timeout))
         try:
-            socket.send_fds(self.sock, [_START.pack(b"S", ident, idle_ms) + head], [client_fd, engine_fd])
+            socket.send_fds(self.sock, [_START.pack(b"S", ident, idle_ms, send_ms) + head], [client_fd, engine_fd])
         except BlockingIOError:
             return None
         except OSError:
@@ -159,8 +161,9 @@ def socket_fd(transport: Any) -> int | None:
     return fd if fd >= 0 else None
 
 
-def install(choice: str, program: str | None) -> tuple[str, str | None]:
-    """Start the helper when `choice` is native; (what relays streams, a warning or None)."""
+def install(choice: str, program: str | None, send_timeout: float) -> tuple[str, str | None]:
+    """Start the helper when `choice` is native, ending a stream whose client takes no byte of a
+    pending write for `send_timeout` seconds; (what relays streams, a warning or None)."""
     global ACTIVE  # noqa: PLW0603 - one helper per worker process, read by forward.relay
     if choice != NATIVE:
         return "Python (BAKERY_RELAY=python)", None
@@ -170,6 +173,7 @@ def install(choice: str, program: str | None) -> tuple[str, str | None]:
                           "relayed in Python")
     try:
         ACTIVE = Relay(path)
+        ACTIVE.send_timeout = send_timeout
     except OSError as exc:
         return "Python", f"bakery-relay at {path} did not start ({exc}): streamed bodies are relayed in Python"
     return f"bakery-relay ({path}, pid {ACTIVE.process.pid})", None
