@@ -37,7 +37,9 @@ FIRST = 40000  # what a partly sent body sends first: BIG more does not fit besi
 BUDGET_LIMITS = {"BAKERY_MAX_BODY_BYTES": "65536", "BAKERY_MAX_BUFFERED_BYTES": "100000",
                  "BAKERY_BODY_TIMEOUT": "6", "BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "5"}
 CAP = 8
-CAPPED_LIMITS = {"BAKERY_MAX_CONNECTIONS": str(CAP), "BAKERY_HEADER_TIMEOUT": "3"}
+SEND_TIMEOUT = 2
+CAPPED_LIMITS = {"BAKERY_MAX_CONNECTIONS": str(CAP), "BAKERY_HEADER_TIMEOUT": "3",
+                 "BAKERY_SEND_TIMEOUT": str(SEND_TIMEOUT)}
 ROUTE = "/v1/completions"
 key = test_guards.key  # the fixture: the platform's key pair, the one test_guards' workers know
 
@@ -526,6 +528,48 @@ def test_idle_connections_hold_the_cap_only_until_the_header_timeout(capped: Wor
             sock.close()
     assert closed_after < 8, closed_after
     assert until(lambda: connects(capped.port), 3)
+
+
+def never_reading(port: int, request: bytes, most: int = 20000, seconds: float = 5) -> tuple[socket.socket, int]:
+    """A connection with the least receive room that sends `request` over and over (at most `most`
+    times, for at most `seconds`, until its sends block) and never reads; (it, requests sent)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    data, sent, started = request * most, 0, time.monotonic()
+    with contextlib.suppress(BlockingIOError):
+        while sent < len(data) and time.monotonic() - started < seconds:
+            sent += sock.send(data[sent:])
+            time.sleep(0.001)
+    return sock, sent // len(request)
+
+
+def test_a_client_that_reads_nothing_gives_its_slot_back_at_the_send_timeout(capped: Worker) -> None:
+    """Unsigned requests pipelined (~6,500 each, until the sends block) on connections that read
+    nothing: their 401s fill the sockets and aiohttp waits for a flush that never comes, which held
+    the connection (and its slot) for good. The cap full of them, a new connection gets 503; within
+    the send timeout (2 s here) each is reset and a new one is served."""
+    assert until(lambda: connects(capped.port), 10), "the cap is reached before the test"
+    body = capped.body("never read", signed=False)
+    request = head(capped.port, len(body)) + body
+    stuck: list[socket.socket] = []
+    try:
+        for _ in range(CAP):
+            sock, count = never_reading(capped.port, request)
+            stuck.append(sock)
+            assert count > 1000, f"only {count} requests went before the sends blocked"
+        with socket.create_connection(("127.0.0.1", capped.port), timeout=10) as over:
+            assert cap_answer(over).startswith(b"HTTP/1.1 503 "), "the cap was not full of stuck connections"
+        started = time.monotonic()
+        assert until(lambda: connects(capped.port), SEND_TIMEOUT + 6, pause=0.25), \
+            "connections that read nothing kept their slots past the send timeout"
+        freed_after = time.monotonic() - started
+    finally:
+        for sock in stuck:
+            sock.close()
+    assert freed_after < SEND_TIMEOUT + 6, freed_after
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,10 @@ the `limits` guard (guards._install_limits):
   Idle keep-alive connections, and connections that never finish their headers, are closed by the
   header timeout (BAKERY_HEADER_TIMEOUT, aiohttp's keep-alive timer), so they hold a slot that long
   at most.
+- **A send bound** (BAKERY_SEND_TIMEOUT): a client that takes no byte of what is written to it for
+  that long has its connection reset by the kernel (TCP_USER_TIMEOUT, set on the listeners and so
+  on every connection they accept): nothing but a connection that makes progress keeps its slot,
+  in every state, signed or not, whichever process or relay writes to it (bound_sends).
 - **No Content-Encoding on requests**: a request declaring any content coding but `identity` gets
   415 JSON naming the header, before anything reads its body, and aiohttp's own decompression of
   request bodies is turned off (`auto_decompress=False`), so no decompressor ever runs on the event
@@ -43,6 +47,7 @@ import asyncio
 import json
 import logging
 import resource
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -54,6 +59,7 @@ BYTES_VAR = "BAKERY_MAX_BUFFERED_BYTES"
 CONNECTIONS_VAR = "BAKERY_MAX_CONNECTIONS"
 READY_VAR = "BAKERY_ENGINE_READY_CONNECTIONS"  # engine_warm.py: engine connections opened at load
 BODY_VAR = "BAKERY_MAX_BODY_BYTES"
+SEND_VAR = "BAKERY_SEND_TIMEOUT"
 # A refused connection waits this long for the client to read the answer and close (a reset could
 # lose the answer at the client), and is dropped once it sent this much more.
 LINGER_SECONDS = 2.0
@@ -348,6 +354,21 @@ def raise_fd_limit(max_connections: int, engine_ready: int = 0) -> str | None:
             "raise the container's nofile limit")
 
 
+def bound_sends(site: Any, seconds: float) -> None:
+    """TCP_USER_TIMEOUT on the listening sockets of aiohttp's `site`, inherited by every connection
+    it accepts: the kernel resets a connection whose written bytes the client takes none of for
+    `seconds` (zero window or unacknowledged), whoever wrote them (this process, a front process,
+    bakery-relay) and whatever state the answer is in, a close waiting for its flush included."""
+    server = getattr(site, "_server", None)  # aiohttp's asyncio.Server (no public accessor)
+    sockets = getattr(server, "sockets", None)
+    if not sockets:
+        log.warning("no listening socket found on %s: the send bound (%s) is not set on it", site.name, SEND_VAR)
+        return
+    for sock in sockets:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))
+
+
 def listen_backlog(max_connections: int) -> int:
     """The listen backlog WORKER_PORT asks for: the connection cap, at least MIN_BACKLOG."""
     return max(max_connections, MIN_BACKLOG)
@@ -396,6 +417,7 @@ def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
 
     ctx.site_runners.append(site_runner)
     ctx.listen_backlog = listen_backlog(limits.max_connections)
+    ctx.send_timeout = limits.send_timeout
     for warning in (raise_fd_limit(limits.max_connections), backlog_warning(ctx.listen_backlog)):
         if warning:
             log.warning("%s", warning)
