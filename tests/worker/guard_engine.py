@@ -10,6 +10,7 @@ gets depends on its prompt (or last message):
 - `slowbody D`: the answer's headers at once, then D seconds of silence before its body;
 - `cut`: a streamed answer's headers, then the connection closed before any of its body;
 - `health N`: from then on /health answers status N (the engine still serves requests);
+- `big N`: at once, a completion whose text is N bytes;
 - anything else: at once, a completion whose text is `echo:<prompt>`.
 Every request is counted in FILE as `served <route> <prompt>` so tests can see what reached it.
 """
@@ -95,8 +96,9 @@ def main() -> None:
                     self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")
                 return
+            text = "x" * int(words[1]) if words[:1] == ["big"] else f"echo:{prompt}"
             answer = json.dumps({"object": "text_completion", "model": "guard-engine",
-                                 "choices": [{"index": 0, "text": f"echo:{prompt}", "finish_reason": "stop"}],
+                                 "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
                                  "usage": {"completion_tokens": 1}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

@@ -76,6 +76,32 @@ def signed_exchange(pair: Pair, idx: int, payload: dict[str, Any]) -> list[tuple
                                                   "Connection: close")]))
 
 
+def test_a_connection_given_back_keeps_its_answers_whole_and_in_order(pair: Pair) -> None:
+    """A signed request with a large answer, and behind it on the same connection one the front process
+    gives back (unsigned: the primary answers 401). The client reads nothing for a while, so the first
+    answer is still being written when the second request is read: the primary must not answer it
+    before that answer is all out (a 401 status line once appeared inside the large body). Several
+    connections: the worker gives every second one to its front process."""
+    size = 2 * 1024 * 1024  # over what the sockets take at once
+    for idx in range(4):
+        signed = head("/v1/completions", pair.body(pair.wire, {"prompt": f"big {size}"}, 60 + idx))
+        forged = json.loads(pair.body(pair.wire, {"prompt": "late"}, 70 + idx))
+        forged["auth_data"]["signature"] = "A" * 344
+        unsigned = head("/v1/completions", json.dumps(forged).encode(), "Connection: close")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", pair.wire.port))
+            sock.sendall(signed + unsigned)
+            time.sleep(0.5)  # both requests are read; the first answer waits for this client
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        got = answers(raw)
+        assert [status for status, _, _ in got] == ["HTTP/1.1 200 OK", "HTTP/1.1 401 Unauthorized"], raw[:300]
+        assert json.loads(got[0][2])["choices"][0]["text"] == "x" * size
+
+
 def test_outcomes_of_a_front_processs_requests_reach_the_reports(pair: Pair) -> None:
     """Every request's outcome is posted to the autoscaler (/delete_requests/), whichever process
     served it; after the drain the worker says how many the front process served (about half)."""

@@ -163,6 +163,11 @@ class Given(wire.Connection):
         self.conn_id = conn_id
         self.outbox = outbox
         self.back = False
+        self.giving = False  # decided to give it back: nothing more is served here
+
+    def _next(self) -> None:
+        if not self.giving:
+            super()._next()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -170,9 +175,16 @@ class Given(wire.Connection):
             self.outbox.event(("x", self.conn_id))
 
     def hand_off(self) -> None:
+        self.giving = True
         self._disarm()
         transport = self.transport
         if transport is None or transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            # The last answer is not all out: what the primary writes next would go ahead of its
+            # rest. Given back once it is (a client that takes none is reset at the send bound).
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(FLUSH_POLL, self.hand_off)
             return
         fd = native_relay.socket_fd(transport)
         self.back = True
