@@ -11,9 +11,12 @@ connection the engine closed while idle, an engine that goes silent, one that re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 from workers.openai import forward
@@ -186,7 +189,59 @@ async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+STRAY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n\"stray\""
+SECOND = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]"
 OK_CLOSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+
+def trailing_engine(pause: float | None) -> tuple[socket.socket, list[int]]:
+    """A loopback engine in a thread of its own (the loop may be held while it writes): its first
+    answer (OK) is followed by a stray answer's bytes, in the same write (`pause` None) or `pause`
+    seconds later; every later request is answered SECOND. Serves for 10 s at most."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    peers: list[int] = []
+
+    def answer(conn: socket.socket, first: bool) -> None:
+        if not first:
+            conn.sendall(SECOND)
+        elif pause is None:
+            conn.sendall(OK + STRAY)
+        else:
+            conn.sendall(OK)
+            time.sleep(pause)
+            conn.sendall(STRAY)
+
+    def serve() -> None:
+        first = True
+        deadline = time.monotonic() + 10
+        with contextlib.suppress(OSError):
+            while time.monotonic() < deadline:
+                conn, peer = listener.accept()
+                peers.append(peer[1])
+                conn.settimeout(10)
+                threading.Thread(target=serve_conn, args=(conn, first), daemon=True).start()
+                first = False
+
+    def serve_conn(conn: socket.socket, first: bool) -> None:
+        with conn, contextlib.suppress(OSError):
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                answer(conn, first)
+                first = False
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, peers
 
 
 async def pooling() -> dict[str, Any]:
@@ -223,6 +278,20 @@ async def pooling() -> dict[str, Any]:
         report["stale_retried"] = type(exc).__name__
     pool.close()
     server.close()
+
+    # Bytes after an answer's end, in the same read or a moment later: the connection is not reused.
+    for name, pause in (("extra_same_read", None), ("extra_later", 0.05)):
+        listener, peers = trailing_engine(pause)
+        port = listener.getsockname()[1]
+        pool = forward.Pool("127.0.0.1", port, 5, 5, 4)
+        first = await pool.post("/v1/x", {})
+        body = await first.read()
+        time.sleep(0.3)  # no loop turn: the late bytes are in the socket, not yet read by the loop
+        second = await (await pool.post("/v1/x", {})).read()
+        report[name] = {"bodies": [body.decode(), second.decode()], "keep_alive": first.keep_alive,
+                        "connections": len(set(peers))}
+        pool.close()
+        listener.close()
 
     # An engine that never answers: the idle timeout ends the call.
     server, _ = await engine([OK], stall=True)

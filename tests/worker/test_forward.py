@@ -81,6 +81,16 @@ def test_connections_are_kept_alive_and_one_the_engine_closed_is_not_reused(repo
     assert pooling["closed_by_engine"] == {"bodies": ["{}", "{}"], "connections": 2}
 
 
+@pytest.mark.parametrize("name", ["extra_same_read", "extra_later"])
+def test_a_connection_with_bytes_after_an_answer_is_not_reused(report: dict[str, Any], name: str) -> None:
+    """Bytes the engine sends after an answer's end (with it, or a moment later and not yet read by
+    the loop when the next request comes) are no answer to the next request: a new connection is."""
+    seen = report["pooling"][name]
+    assert seen["bodies"] == ["{}", "[]"] and seen["connections"] == 2, seen
+    if name == "extra_same_read":
+        assert seen["keep_alive"] is False
+
+
 def test_a_request_on_a_connection_the_engine_dropped_is_retried_once(report: dict[str, Any]) -> None:
     assert report["pooling"]["stale_retried"] == {"body": "{}", "connections": 2}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import select
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -166,6 +167,8 @@ class Answer:
             if not self.head_done.done():
                 self.head_done.set_result(None)
             if self._framing == "length" and self._left == 0:
+                if rest:
+                    self.keep_alive = False  # bytes after the answer: the connection is not reused
                 self._end()
                 return
             if not rest:
@@ -303,6 +306,8 @@ class Answer:
             return self._dechunk(data)
         if self._framing == "length":
             if len(data) >= self._left:
+                if len(data) > self._left:
+                    self.keep_alive = False  # bytes after the answer: the connection is not reused
                 data, self._left = data[:self._left], 0
                 self._framing = "done"
                 return [data] if data else []
@@ -338,6 +343,8 @@ class Answer:
                 if self._trailer:
                     if not line.strip():
                         self._framing = "done"
+                        if pos < end:
+                            self.keep_alive = False  # bytes after the answer: the connection is not reused
                         break
                     continue
                 size = int(line.split(b";", 1)[0].strip(), 16)
@@ -412,6 +419,16 @@ class Connection(asyncio.Protocol):
             self._fd = native_relay.socket_fd(self.transport)
         return self._fd if self.transport is not None and not self.transport.is_closing() else None
 
+    def readable(self) -> bool:
+        """Whether the engine sent something (or closed) while no answer was asked for: bytes after
+        the last answer's end that no loop turn has read yet. Such a connection is not reused."""
+        fd = self.fd()
+        if fd is None:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+
     def data_received(self, data: bytes) -> None:
         self.received = True
         answer = self.answer
@@ -464,7 +481,7 @@ class Pool:
     def _reusable(self, now: float) -> Connection | None:
         while self.idle:
             conn = self.idle.pop()
-            if not conn.lost and now - conn.idle_since < self.keepalive:
+            if not conn.lost and now - conn.idle_since < self.keepalive and not conn.readable():
                 return conn
             conn.discard()
         return None
