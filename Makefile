@@ -5,7 +5,8 @@ ENGINE ?= llama
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup image images test lint render render-check bench clean
+.PHONY: setup image images test lint render render-check bench fuzz-relay clean
+SECONDS ?= 600
 
 # Host prerequisites (debootstrap, Python packages) - idempotent, quick when already done.
 setup: $(VENV)/.ready
@@ -37,6 +38,10 @@ render-check: setup
 
 bench: setup
 	$(PY) bench/run.py
+
+# bakery-relay's fuzz harness for longer than the suite's run (docs/tests.md).
+fuzz-relay: setup
+	$(PY) -m tests.worker.relay_fuzz --seconds $(SECONDS)
 
 clean:
 	rm -rf $(VENV) .cache out

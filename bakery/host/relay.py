@@ -5,8 +5,8 @@ native_relay.py starts it). It is linked statically, so it runs on any base what
 and cached by the hash of its source and of the compiler's version. Built only for the host's own
 architecture (no cross compiler is assumed): a build context for another platform holds no program,
 and that image's worker relays streamed bodies in Python (it says so when it starts). The suite also
-builds it with AddressSanitizer and UndefinedBehaviorSanitizer (`sanitized_relay`), through the same
-cached compile (`compile_cached`).
+builds it with AddressSanitizer and UndefinedBehaviorSanitizer (`sanitized_relay`) and as a libFuzzer
+harness (tests/worker/relay_fuzz/), through the same cached compile (`compile_cached`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ _MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
 
-def compile_cached(compiler: str, flags: list[str], sources: list[Path], name: str, fix: str) -> Path:
-    """`sources` compiled and linked with `flags` into the program `name`, cached by the sources', the
-    flags' and the compiler's version; BuildError naming `fix` when it does not compile."""
+def compile_cached(compiler: str, flags: list[str], sources: list[Path], name: str, fix: str,
+                   included: tuple[Path, ...] = ()) -> Path:
+    """`sources` compiled and linked with `flags` into the program `name`, cached by the sources' (and
+    the `included` files'), the flags' and the compiler's version; BuildError naming `fix` when it
+    does not compile."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256(version.encode() + " ".join(flags).encode())
-    for source in sources:
+    for source in (*sources, *included):
         digest.update(source.read_bytes())
     binary = cache_path("build", f"{name}-{digest.hexdigest()[:16]}", name)
     if binary.exists():
