@@ -11,6 +11,7 @@ gets depends on its prompt (or last message):
 - `cut`: a streamed answer's headers, then the connection closed before any of its body;
 - `health N`: from then on /health answers status N (the engine still serves requests);
 - `big N`: at once, a completion whose text is N bytes;
+- `flood N`: at once, a streamed answer of N events of 4 KiB each;
 - anything else: at once, a completion whose text is `echo:<prompt>`.
 Every request is counted in FILE as `served <route> <prompt>` so tests can see what reached it.
 """
@@ -18,6 +19,7 @@ Every request is counted in FILE as `served <route> <prompt>` so tests can see w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -80,6 +82,17 @@ def main() -> None:
                 self.end_headers()
                 self.wfile.flush()
                 self.close_connection = True
+                return
+            if words[:1] == ["flood"]:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                event = b"data: " + b"f" * 4088 + b"\n\n"
+                with contextlib.suppress(OSError):  # a client that reads nothing is cut by the worker
+                    for _ in range(int(words[1])):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.write(b"0\r\n\r\n")
                 return
             if words[:1] == ["trickle"]:
                 count, delay = int(words[1]), float(words[2])

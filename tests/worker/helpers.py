@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -271,6 +272,27 @@ def platform_env(port: int, report_url: str) -> dict[str, str]:
 
 
 @functools.cache
+def kept_while_unread(port: int, data: bytes, seconds: float) -> float | None:
+    """Send `data` to the worker on 127.0.0.1:`port` from a socket with the least receive room, read
+    nothing, and return how long after the send the worker (any process) still held its end of the
+    connection: None when it still did after `seconds`."""
+    from tests.controlplane.sockets import held, server_inode
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        inode = server_inode(sock.getsockname()[1], port)
+        assert inode is not None, "the worker's end of the connection is not in /proc/net/tcp"
+        sock.sendall(data)
+        sent = time.monotonic()
+        while time.monotonic() - sent < seconds:
+            if not held(inode):
+                return time.monotonic() - sent
+            time.sleep(0.1)
+    return None
+
+
 def relay_program_path() -> Path:
     """bakery-relay compiled for this host (the program an image build copies in)."""
     from bakery.host.relay import relay_program

@@ -30,6 +30,7 @@ from tests.worker.test_wire import (
     exchange,
     head,
     pair_on,
+    test_a_signed_answer_to_a_client_that_reads_nothing_ends_at_the_send_bound,
     test_a_stream_that_breaks_is_answered_alike,
     test_keep_alive_and_pipelined_requests,
     test_served_answers_are_aiohttps,
@@ -40,7 +41,8 @@ from tests.worker.test_wire import (
 pytestmark = pytest.mark.slow
 # The differential tests of test_wire.py, here against a worker with a front process: each runs on
 # the worker's own connections and on the front process's (the round robin alternates per connection).
-__all__ = ["test_a_stream_that_breaks_is_answered_alike", "test_keep_alive_and_pipelined_requests",
+__all__ = ["test_a_signed_answer_to_a_client_that_reads_nothing_ends_at_the_send_bound",
+           "test_a_stream_that_breaks_is_answered_alike", "test_keep_alive_and_pipelined_requests",
            "test_served_answers_are_aiohttps", "test_signed_requests_are_answered_alike",
            "test_what_the_front_hands_to_aiohttp_is_answered_as_before"]
 READY = re.compile(r"front process 1 \(pid (\d+)\) ready")

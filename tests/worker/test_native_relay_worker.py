@@ -18,10 +18,21 @@ from typing import Any
 
 import pytest
 
-from tests.worker.test_wire import Pair, answers, exchange, head, pair_on
+from tests.worker.test_wire import (
+    SEND_TIMEOUT,
+    Pair,
+    answers,
+    exchange,
+    head,
+    pair_on,
+    test_a_signed_answer_to_a_client_that_reads_nothing_ends_at_the_send_bound,
+)
 
 pytestmark = pytest.mark.slow
-LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "1", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
+# test_wire.py's send-bound test, here against the native and the Python relay.
+__all__ = ["test_a_signed_answer_to_a_client_that_reads_nothing_ends_at_the_send_bound"]
+LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "1", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2",
+          "BAKERY_SEND_TIMEOUT": str(SEND_TIMEOUT)}
 STREAMS = {
     "burst": {"prompt": "trickle 6 0", "stream": True},
     "trickle": {"prompt": "trickle 4 0.1", "stream": True},
@@ -102,3 +113,4 @@ def test_the_helper_moved_the_streams(pair: Pair) -> None:
     assert len(said) == 1, said
     assert int(said[0].split("relay: ")[1].split()[0]) >= 4, said
     assert "relayed by bakery-relay" not in pair.plain.worker.output.read_text()
+

@@ -25,10 +25,21 @@ from typing import Any
 import pytest
 from workers.openai import wire
 
-from tests.worker.helpers import SDK_READY, Harness, Served, SigningKey, make_signing_key, secured, start_engine
+from tests.worker.helpers import (
+    SDK_READY,
+    Harness,
+    Served,
+    SigningKey,
+    kept_while_unread,
+    make_signing_key,
+    secured,
+    start_engine,
+)
 
 pytestmark = pytest.mark.slow
-LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "2", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2"}
+SEND_TIMEOUT = 2
+LIMITS = {"BAKERY_HEADER_TIMEOUT": "2", "BAKERY_ENGINE_IDLE_TIMEOUT": "2", "BAKERY_ENGINE_CONNECT_TIMEOUT": "2",
+          "BAKERY_SEND_TIMEOUT": str(SEND_TIMEOUT)}
 # The wire front in the worker's one process: its own counts are read below (test_fronts.py runs the
 # same exchanges against a worker with a front process).
 ONE_PROCESS = {**LIMITS, "BAKERY_FRONT_PROCESSES": "0"}
@@ -221,6 +232,45 @@ def test_an_idle_connection_is_closed_at_the_header_timeout(pair: Pair) -> None:
     started = time.monotonic()
     assert exchange(pair.wire.port, [b""], wait=10) == b""
     assert 1.5 < time.monotonic() - started < 8
+
+
+
+@pytest.mark.parametrize("payload", [{"prompt": "flood 600", "stream": True}, {"prompt": "big 4000000"}],
+                         ids=["stream", "whole answer"])
+def test_a_signed_answer_to_a_client_that_reads_nothing_ends_at_the_send_bound(pair: Pair, payload: dict) -> None:
+    """A signed stream (2.4 MiB of events) or whole answer (4 MB) to a client that reads nothing: each
+    worker of the pair (here the wire front or aiohttp alone; the native or the Python relay in
+    test_native_relay_worker.py; a front process or none in test_fronts.py) lets the connection go
+    within the send bound (2 s here) after the client's window closed, and serves the next request."""
+    for served in (pair.wire, pair.plain):
+        for idx in (30, 31):  # the first may be aiohttp.web's path (the memo learns the pair), the second the wire's
+            kept = kept_while_unread(served.port, head("/v1/completions", pair.body(served, payload, idx)),
+                                     SEND_TIMEOUT + 10)
+            assert kept is not None, f"{served.worker.cmd}: a client that read nothing kept its connection"
+            assert kept < SEND_TIMEOUT + 8, kept
+        again = answers(exchange(served.port, [head("/v1/completions", pair.body(served, {"prompt": "a"}, 32),
+                                                     "Connection: close")]))
+        assert again[0][0] == "HTTP/1.1 200 OK", again
+
+
+def test_a_client_that_reads_slowly_is_not_cut(pair: Pair) -> None:
+    """The send bound counts from the last byte a client took: a 400 kB answer to a client with 32 KiB
+    of receive room that reads 16 KiB 4 times a second (~6 s in all, three times the bound) arrives
+    whole."""
+    size = 400_000
+    for served in (pair.wire, pair.plain):
+        data = head("/v1/completions", pair.body(served, {"prompt": f"big {size}"}, 40), "Connection: close")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", served.port))
+            sock.sendall(data)
+            raw = b""
+            while chunk := sock.recv(16384):
+                raw += chunk
+                time.sleep(0.25)
+        got = answers(raw)
+        assert got[0][0] == "HTTP/1.1 200 OK" and len(json.loads(got[0][2])["choices"][0]["text"]) == size
 
 
 def test_the_front_served_what_it_should(pair: Pair) -> None:

@@ -22,10 +22,10 @@ the `limits` guard (guards._install_limits):
   Idle keep-alive connections, and connections that never finish their headers, are closed by the
   header timeout (BAKERY_HEADER_TIMEOUT, aiohttp's keep-alive timer), so they hold a slot that long
   at most.
-- **A send bound** (BAKERY_SEND_TIMEOUT): a client that takes no byte of what is written to it for
-  that long has its connection reset by the kernel (TCP_USER_TIMEOUT, set on the listeners and so
-  on every connection they accept): nothing but a connection that makes progress keeps its slot,
-  in every state, signed or not, whichever process or relay writes to it (bound_sends).
+- **A send bound** (BAKERY_SEND_TIMEOUT): a connection with bytes on their way to its client (in a
+  write buffer here or in the kernel's send queue) whose client acknowledges none of them for that
+  long is cut (SendWatch): nothing but a connection that makes progress keeps its slot, in every
+  state, signed or not, whichever process or relay writes to it.
 - **No Content-Encoding on requests**: a request declaring any content coding but `identity` gets
   415 JSON naming the header, before anything reads its body, and aiohttp's own decompression of
   request bodies is turned off (`auto_decompress=False`), so no decompressor ever runs on the event
@@ -44,11 +44,14 @@ Imports only the standard library at import time (aiohttp's `web` is passed in).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import resource
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -60,6 +63,11 @@ CONNECTIONS_VAR = "BAKERY_MAX_CONNECTIONS"
 READY_VAR = "BAKERY_ENGINE_READY_CONNECTIONS"  # engine_warm.py: engine connections opened at load
 BODY_VAR = "BAKERY_MAX_BODY_BYTES"
 SEND_VAR = "BAKERY_SEND_TIMEOUT"
+SWEEP = 1.0  # seconds between the send bound's looks at every connection, at most
+TCP_INFO_LEN = 152  # struct tcp_info up to tcpi_notsent_bytes (Linux 4.6)
+# (field, offset) in struct tcp_info: tcpi_unacked (segments), tcpi_bytes_acked, tcpi_notsent_bytes.
+_TCP_INFO = ((struct.Struct("<I"), 24), (struct.Struct("<Q"), 120), (struct.Struct("<I"), 144))
+_LINGER_RESET = struct.pack("ii", 1, 0)
 # A refused connection waits this long for the client to read the answer and close (a reset could
 # lose the answer at the client), and is dropped once it sent this much more.
 LINGER_SECONDS = 2.0
@@ -197,6 +205,8 @@ class Connections:
         # The wire front (wire.py), when on: it makes each admitted connection's protocol from
         # aiohttp's factory, and counts in `fronted` the connections it holds before aiohttp does.
         self.front: Callable[[Callable[[], asyncio.BaseProtocol]], asyncio.BaseProtocol] | None = None
+        self.live: set[Any] = set()  # the wire front's connections (anything with a `transport`)
+        self.watch: SendWatch | None = None
         self.fronted = 0
         self.starting = 0
         self.lingering = 0
@@ -210,6 +220,14 @@ class Connections:
     def open(self) -> int:
         """Connections open now on the capped listeners (aiohttp's own count: until a handler ends)."""
         return sum(len(server.connections) for server in self.servers) + self.fronted
+
+    def transports(self) -> Iterator[Any]:
+        """Every client connection's transport in this process: aiohttp's and the wire front's."""
+        for server in self.servers:
+            for handler in server.connections:
+                yield handler.transport
+        for conn in self.live:
+            yield conn.transport
 
     def factory(self, server: Any) -> Callable[[], asyncio.BaseProtocol]:
         """The protocol factory for a listener whose aiohttp factory is `server`."""
@@ -275,6 +293,68 @@ class Refusal(asyncio.Protocol):
         self.owner.lingering -= 1
         if self.timer is not None:
             self.timer.cancel()
+
+
+class SendWatch:
+    """The send bound: every SWEEP seconds (at most; a quarter of the bound when it is shorter), each
+    connection with bytes on their way to its client (this process's write buffer, or the kernel's
+    send queue: TCP_INFO's unacknowledged and not-sent counts) is looked at; one whose client has
+    acknowledged no byte (TCP_INFO's bytes_acked) for `seconds` is cut: shut down for every process
+    that holds it (a front process, bakery-relay), reset, and closed here, which gives its slot back.
+    Progress is the kernel's count, so a client that reads slowly is never cut. Why not the kernel's
+    own TCP_USER_TIMEOUT: in the image it left a connection with a tiny receive window and a segment
+    beyond it probing for good (20 s past a 5 s bound, persist timer backing off)."""
+
+    def __init__(self, seconds: float, transports: Callable[[], Iterable[Any]]) -> None:
+        self.seconds = seconds
+        self.transports = transports
+        self.interval = min(SWEEP, seconds / 4)
+        self.waiting: dict[int, tuple[int, float]] = {}  # id(transport) -> (bytes acknowledged, since)
+        self.cut = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Sweep from now on (a second call does nothing)."""
+        if self.timer is None and self.seconds:
+            self.timer = asyncio.get_running_loop().call_later(self.interval, self.sweep)
+
+    def sweep(self) -> None:
+        """Look at every connection once; cut those past the bound."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting: dict[int, tuple[int, float]] = {}
+        for transport in self.transports():
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            if sock is None or sock.fileno() < 0:
+                continue
+            try:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+            except OSError:
+                continue
+            if len(info) < TCP_INFO_LEN:  # a kernel older than 4.6: no not-sent count
+                continue
+            (unacked,), (acked,), (not_sent,) = (field.unpack_from(info, at) for field, at in _TCP_INFO)
+            if not (unacked or not_sent or transport.get_write_buffer_size()):
+                continue
+            key = id(transport)
+            seen = self.waiting.get(key)
+            since = seen[1] if seen is not None and seen[0] == acked else now
+            if now - since >= self.seconds:
+                self._cut(transport, sock.fileno())
+            else:
+                waiting[key] = (acked, since)
+        self.waiting = waiting
+        self.timer = loop.call_later(self.interval, self.sweep)
+
+    def _cut(self, transport: Any, fd: int) -> None:
+        self.cut += 1
+        if now_and_then(self.cut):
+            log.warning("cut %d connection(s) whose client took no byte for %g s (%s)", self.cut, self.seconds,
+                        SEND_VAR)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as own:
+            own.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)  # the last close resets
+            own.shutdown(socket.SHUT_RDWR)  # every holder's reads end and writes fail
+        transport.abort()
 
 
 def admission_middleware(web: Any, budget: Budget, max_body: int, retry_after: int) -> Any:
@@ -354,21 +434,6 @@ def raise_fd_limit(max_connections: int, engine_ready: int = 0) -> str | None:
             "raise the container's nofile limit")
 
 
-def bound_sends(site: Any, seconds: float) -> None:
-    """TCP_USER_TIMEOUT on the listening sockets of aiohttp's `site`, inherited by every connection
-    it accepts: the kernel resets a connection whose written bytes the client takes none of for
-    `seconds` (zero window or unacknowledged), whoever wrote them (this process, a front process,
-    bakery-relay) and whatever state the answer is in, a close waiting for its flush included."""
-    server = getattr(site, "_server", None)  # aiohttp's asyncio.Server (no public accessor)
-    sockets = getattr(server, "sockets", None)
-    if not sockets:
-        log.warning("no listening socket found on %s: the send bound (%s) is not set on it", site.name, SEND_VAR)
-        return
-    for sock in sockets:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))
-
-
 def listen_backlog(max_connections: int) -> int:
     """The listen backlog WORKER_PORT asks for: the connection cap, at least MIN_BACKLOG."""
     return max(max_connections, MIN_BACKLOG)
@@ -417,7 +482,12 @@ def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
 
     ctx.site_runners.append(site_runner)
     ctx.listen_backlog = listen_backlog(limits.max_connections)
-    ctx.send_timeout = limits.send_timeout
+    connections.watch = SendWatch(limits.send_timeout, connections.transports)
+
+    async def start_watch(_app: Any) -> None:
+        connections.watch.start()  # once: on_startup runs for each of the SDK's two apps
+
+    ctx.on_startup.append(start_watch)
     for warning in (raise_fd_limit(limits.max_connections), backlog_warning(ctx.listen_backlog)):
         if warning:
             log.warning("%s", warning)

@@ -120,8 +120,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_BODY_TIMEOUT", "number", 60.0, "exit", "guards", "time to receive a request body"),
     Var("BAKERY_HEADER_TIMEOUT", "number", 30.0, "exit", "guards",
         "time to receive request headers (and keep-alive idle)"),
-    # A write a client takes no byte of: its connection is reset after this, in every state (the
-    # kernel's TCP_USER_TIMEOUT on WORKER_PORT's sockets; bakery-relay's own send limit too).
+    # A write a client takes no byte of: its connection is cut after this, in every state
+    # (admission.SendWatch; bakery-relay's own send limit too).
     Var("BAKERY_SEND_TIMEOUT", "number", 30.0, "exit", "guards",
         "longest time a client may take no byte of an answer being written before its connection is reset"),
     Var("BAKERY_ENGINE_CONNECT_TIMEOUT", "number", 10.0, "exit", "guards", "time to connect to the engine"),

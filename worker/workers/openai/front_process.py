@@ -190,6 +190,7 @@ class Given(wire.Connection):
         self.back = True
         self.owner.handed += 1
         self._uncount()
+        self.owner.connections.live.discard(self)
         data, self.buffer = self.buffer, b""
         self.outbox.flush()  # what this connection's last request did comes first
         try:
@@ -249,6 +250,7 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
     loop = asyncio.get_running_loop()
     outbox.loop = loop
     ended = loop.create_future()
+    front.connections.watch.start()  # the send bound on the connections given here (no app starts here)
     warmed: list[asyncio.Task[int]] = []
 
     def adopt(conn_id: int, fd: int, data: bytes) -> None:

@@ -192,7 +192,6 @@ class Context:
     # wrap(runner, port) -> the runner a listener on `port` is made on (admission's connection cap)
     site_runners: list[Callable[[Any, int | None], Any]] = field(default_factory=list)
     listen_backlog: int = 0  # every listener's but http_port's (admission.listen_backlog); 0: aiohttp's
-    send_timeout: float = 0.0  # every listener's but http_port's (admission.bound_sends); 0: none
     admission: tuple[Any, Any] | None = None  # (Budget, Connections) of the limits guard, when installed
     drain: Any = None  # serving.install's Drain
     signature_known: Callable[[str, str], bool] | None = None  # signature_memo's knows(url, signature)

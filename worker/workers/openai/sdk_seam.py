@@ -338,31 +338,10 @@ class WebShim:
             kwargs["host"] = host
         for wrap in getattr(self._parts, "site_runners", ()):  # admission's connection cap
             runner = wrap(runner, kwargs.get("port"))
-        capped = kwargs.get("port") != getattr(self._parts, "http_port", None)
         backlog = getattr(self._parts, "listen_backlog", 0)
-        if backlog and capped:
+        if backlog and kwargs.get("port") != getattr(self._parts, "http_port", None):
             kwargs.setdefault("backlog", backlog)
-        site = self._real.TCPSite(runner, *args, **kwargs)
-        send_timeout = getattr(self._parts, "send_timeout", 0.0)
-        return BoundedSite(site, send_timeout) if send_timeout and capped else site
-
-
-class BoundedSite:
-    """Stands for an aiohttp TCPSite (which has __slots__): the same site, whose listening sockets get
-    the send bound (admission.bound_sends) as soon as it has started."""
-
-    def __init__(self, real: Any, seconds: float) -> None:
-        self._real = real
-        self._seconds = seconds
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    async def start(self) -> None:
-        from workers.openai import admission
-
-        await self._real.start()
-        admission.bound_sends(self._real, self._seconds)
+        return self._real.TCPSite(runner, *args, **kwargs)
 
 
 def replace_request_read(request: Any, read: Callable[[], Any]) -> None:

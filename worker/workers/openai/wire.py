@@ -218,6 +218,7 @@ class Connection(asyncio.Protocol):
         # requests come on connections opened before it).
         self.peer = _peer(self.transport)
         self.fd = native_relay.socket_fd(self.transport) if native_relay.ACTIVE is not None else None
+        self.owner.connections.live.add(self)  # the send bound looks at it (admission.SendWatch)
         self._arm()
         if self.buffer:
             self._next()
@@ -232,6 +233,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._uncount()
+        self.owner.connections.live.discard(self)
         self.transport = None
         if self.task is not None:
             self.task.cancel()  # the request's task: the client went away (the SDK's 499)
@@ -269,6 +271,7 @@ class Connection(asyncio.Protocol):
         protocol = self.inner()
         transport.set_protocol(protocol)
         self._uncount()  # aiohttp counts it from its connection_made, just below
+        self.owner.connections.live.discard(self)  # and the send bound finds it there
         self.transport = None
         protocol.connection_made(transport)
         data, self.buffer = self.buffer, b""
