@@ -5,6 +5,7 @@
     python -m controlplane sign URL
     python -m controlplane post [--route /v1/completions] [--payload JSON] [--signature valid]
     python -m controlplane probe CASES_JSON
+    python -m controlplane stall [--seconds 60]
     python -m controlplane records [--path /worker_status/]
 
 Every command takes --state DIR (default $BAKERY_CONTROLPLANE_STATE, else /tmp/bakery-controlplane):
@@ -19,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import signing
+from . import signing, stall
 from .probe import envelope, run_case
 from .server import State, serve
 
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("cases", help="JSON list of cases (see probe.py)")
     p.add_argument("--worker", default="http://127.0.0.1:3000")
     p.add_argument("--timeout", type=float, default=120.0)
+    p = sub.add_parser("stall", help="a client that reads nothing: print how long the worker kept its connection")
+    p.add_argument("--worker", default="http://127.0.0.1:3000")
+    p.add_argument("--seconds", type=float, default=60.0)
     p = sub.add_parser("records", help="print the recorded requests, one JSON object a line")
     p.add_argument("--path", help="only this path, e.g. /worker_status/")
     return parser
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "probe":
             cases = json.loads(args.cases)
             print(json.dumps([run_case(state, args.worker, case, args.timeout) for case in cases]))
+        elif args.command == "stall":
+            stall.main(state, args.worker, args.seconds)
         elif args.command == "records":
             for entry in state.records():
                 if not args.path or entry.get("path") == args.path:

@@ -55,6 +55,10 @@ BENCHMARK_ENV = {"BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1", "BENCHMARK
 # When the engine dies the container stops after this grace; on a production base without a GPU the
 # engine dies at once, and the resolution checks need the worker up meanwhile.
 GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
+# The send bound the gate checks on every image (test_gate_platform.py), shorter than its 30 s default
+# so that the check takes seconds: a client that reads nothing must lose its slot within it.
+SEND_TIMEOUT = 5
+BOUNDS_ENV = {"BAKERY_SEND_TIMEOUT": str(SEND_TIMEOUT)}
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
 HEALTH_COMMAND = "/opt/bakery/worker/boot/health.py"  # the image's HEALTHCHECK runs it with WORKER_PYTHON
 HEALTH_WAIT = 90.0  # Docker runs it every 10 s; a loaded machine delays a run (and so its verdict)
@@ -117,7 +121,7 @@ def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     engine = facts(spec)
     model = None if baked_model() else (gate_model(spec) or UNNAMED_MODEL)
     env = {"SERVERLESS": "true", **engine.launch_env(model), **PLATFORM_ENV,
-           **BENCHMARK_ENV, **GRACE_ENV, **(engine.local_env if on_local_base() else {})}
+           **BENCHMARK_ENV, **GRACE_ENV, **BOUNDS_ENV, **(engine.local_env if on_local_base() else {})}
     env.update(overrides)
     return env
 

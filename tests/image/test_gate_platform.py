@@ -24,6 +24,7 @@ from tests.image.conftest import READY_TIMEOUT, SDK_PUBKEY_TRIES, ImageUnderTest
 from tests.image.launch import (
     CLIENT,
     CONTROLPLANE_ADDR,
+    SEND_TIMEOUT,
     WORKER_PYTHON,
     Launched,
     is_ready_report,
@@ -354,6 +355,21 @@ def test_oversized_body_refused_413(serverless: Launched) -> None:
         f"a body over 16 MiB was not refused with a JSON 413:\n{_summary(results)}"
     again = serverless.probe([{"name": "after", "payload": COMPLETION, "request_idx": 502}])["after"]
     assert again["status"] == 200, f"the worker did not serve after refusing a large body: {again}"
+
+
+@pytest.mark.serve
+def test_a_client_that_reads_nothing_loses_its_slot(serverless: Launched) -> None:
+    """Refused requests sent back to back on one connection that never reads: the worker keeps it only
+    until the send bound (BAKERY_SEND_TIMEOUT, 5 s in the gate's launch) after the sends blocked, then
+    no process holds it (its connection slot is free), and the worker still serves."""
+    _ready(serverless)
+    slack = 10  # a busy machine's loop turns and the 0.2 s look at /proc
+    result = json.loads(serverless.controlplane_cli("stall", "--seconds", str(SEND_TIMEOUT + slack)))
+    assert result["found"] and result["requests"] > 100, f"the stalled connection never filled: {result}"
+    assert result["released_after"] is not None, (f"the worker still held a connection that read nothing "
+                                                  f"{SEND_TIMEOUT + slack} s after its sends blocked: {result}")
+    again = serverless.probe([{"name": "after", "payload": COMPLETION, "request_idx": 7002}])["after"]
+    assert again["status"] == 200, f"the worker did not serve after dropping a stalled client: {again}"
 
 
 # ---- an error line after ready (docs/engines.md, "The worker's error policy after load") ---------
