@@ -49,6 +49,7 @@ from bakery.spec.image_ref import SHA256_DIGEST as DIGEST
 # GitHub-hosted runners per platform: the gate runs the image, so each platform builds natively.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 RECORD_VERSION = 1
+GATE_OUTPUT_TAIL = 8000  # characters of a failed gate's output shown before the error (its failures)
 
 
 @dataclass
@@ -174,6 +175,7 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     _say(f"{target}: verifying {image_id[:19]} ({candidate}), gate level {variant}")
     result = gate(image_id, engine, variant=variant, quiet=True, progress=_say)
     if not result.passed:
+        sys.stderr.write(f"{target}: the gate's output, its end:\n{result.output[-GATE_OUTPUT_TAIL:]}\n")
         raise VerificationError(f"{target}: the gate failed ({', '.join(result.failed) or 'no check ran'}): "
                                 f"{image_id[:19]} is not tagged, pushed or recorded")
     tags = [plan.platform_tag(platform)] if push else list(plan.tags)
