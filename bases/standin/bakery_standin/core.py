@@ -248,6 +248,7 @@ def parse_port(raw: Any, default: int) -> int:
 # ---------------------------------------------------------------------------------------------------
 # Answers: deterministic text derived from the request, so tests can compare exact strings.
 
+SIGNAL_STEP = 0.1  # seconds the main thread blocks at most: its signal handlers run between steps (waited)
 WORDS = (
     "amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "harbor", "island", "jasper",
     "kelp", "lumen", "maple", "nectar", "orbit", "pebble", "quartz", "river", "spruce", "tundra",
@@ -897,7 +898,7 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
         return 1
     profile.loading(cfg)
     started = time.monotonic()
-    if stop.wait(opts.load_seconds):
+    if waited(stop, opts.load_seconds):
         server.server_close()
         return 0
     if opts.fail_load == "load" or (opts.fail_load == "warmup" and not profile.listen_before_ready):
@@ -915,7 +916,7 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
         server.server_activate()
         serving.start()
         profile.listening(cfg)
-        if stop.wait(warmup):
+        if waited(stop, warmup):
             return _stop(profile, cfg, server, 0)
         if opts.fail_load == "warmup":
             profile.fatal_warmup(cfg, opts.fail_reason or profile.default_warmup_reason)
@@ -939,7 +940,7 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
         state.value = State.READY
         profile.ready(cfg)
     else:
-        if stop.wait(warmup):
+        if waited(stop, warmup):
             server.server_close()
             return 0
         # vLLM's order: uvicorn prints its startup lines (the load line among them) and only then
@@ -950,13 +951,27 @@ def run(profile: EngineProfile, argv: list[str]) -> int:
         server.server_activate()
         serving.start()
 
-    if opts.crash_after_load is not None and not stop.wait(opts.crash_after_load):
+    if opts.crash_after_load is not None and not waited(stop, opts.crash_after_load):
         state.value = State.DEAD
         profile.crash(cfg, opts.fail_reason or profile.default_crash_reason)
-        stop.wait(opts.exit_delay)
+        waited(stop, opts.exit_delay)
         return _stop(profile, cfg, server, 1)
-    stop.wait()
+    waited(stop)
     return _stop(profile, cfg, server, 0)
+
+
+def waited(stop: threading.Event, seconds: float | None = None) -> bool:
+    """`stop.wait(seconds)` in steps of SIGNAL_STEP. The kernel may hand SIGTERM to any thread (the
+    HTTP threads included); Python then runs its handler only when the main thread next runs
+    bytecode, so a main thread blocked in one long wait never saw it: a stop right after the load,
+    with the worker's 256 engine connections each on a thread, hung until Docker's SIGKILL."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while True:
+        step = SIGNAL_STEP if deadline is None else min(SIGNAL_STEP, deadline - time.monotonic())
+        if step <= 0:
+            return stop.is_set()
+        if stop.wait(step):
+            return True
 
 
 def _stop(profile: EngineProfile, cfg: ServeConfig, server: StandinServer, code: int) -> int:
