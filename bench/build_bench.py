@@ -5,7 +5,7 @@
 - Full build: the engine image's Dockerfile built with `nocache=True` (every stage of its own: the
   bundled-Python stage, the venv stage, the image) on present bases, from the same context.
 - Rebuilds, each right after a full build, with the layer cache: (a) a one-line change in the worker
-  (a comment appended to workers/openai/core.py in a copy of the context; the repo is never edited),
+  (a comment appended to app/core.py in a copy of the context; the repo is never edited),
   (b) a one-value bake change (the spec's MODEL_INFO_LOG_MSGS changed, rendered again), both with the
   full build's build args (one checkout); (c) the worker change as a new commit would build it (its
   revision and created labels changed too: one more step). For each,
@@ -43,7 +43,7 @@ from bakery.spec.engine_spec import REPO_ROOT, EngineSpec, parse_spec
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _LAYER = re.compile(r"^---> ([0-9a-f]{12})$")
-WORKER_CHANGE_FILE = "worker/workers/openai/core.py"
+WORKER_CHANGE_FILE = "worker/app/core.py"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 
-from workers.openai import admission
+from policy import admission
 
 
 async def measure(count: int, rounds: int, stalled: int) -> list[float]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate worker/workers/openai/benchmark_speech.wav: real (synthesised) speech for the
+"""Regenerate worker/config/benchmark_speech.wav: real (synthesised) speech for the
 transcription and translation benchmarks.
 
     apt-get install espeak-ng && python3 scripts/make_benchmark_speech.py

@@ -19,7 +19,7 @@ MODEL_NAME_VAR = "MODEL_NAME"
 # What the image bakes so the entry point and the worker need no table of engines (bakery.recipe.render).
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 MODEL_VAR_VAR = "BAKERY_MODEL_VAR"
-# The worker's route switches (worker/workers/openai/routes.py ROUTES_VAR, BENCHMARK_ROUTE_VAR).
+# The worker's route switches (worker/config/routes.py ROUTES_VAR, BENCHMARK_ROUTE_VAR).
 ROUTES_VAR = "OPENAI_ROUTES"
 BENCHMARK_ROUTE_VAR = "BENCHMARK_ROUTE"
 # Where the worker adapters live, relative to the repository's worker/ directory.

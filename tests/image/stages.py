@@ -5,7 +5,7 @@ Read from what the launch leaves, with no probe or sleep of its own (docs/cold-s
 - `started`: Docker's State.StartedAt;
 - `engine_spawned`: the entry point's `spawned: '<engine>'` line, at Docker's timestamp of that line;
 - `load_begins`, `weights_loaded`, `engine_ready`: the entry point's `bakery: stage NAME at T` lines
-  (workers/openai/stages.py), stamped as the engine's log showed them;
+  (logs/stages.py), stamped as the engine's log showed them;
 - `benchmark_begins`, `benchmark_done`: the worker's `bakery-worker: stage NAME at T` lines, when
   the SDK's tail read the load line and when the SDK marked the model loaded;
 - `ready_report`: the control-plane stand-in's receipt of the first ready report (else the worker's

@@ -373,7 +373,7 @@ def test_a_client_that_reads_nothing_loses_its_slot(serverless: Launched) -> Non
 
 
 # ---- an error line after ready (docs/engines.md, "The worker's error policy after load") ---------
-# The worker's line (worker/workers/openai/late_errors.py) when a late error line's health check held:
+# The worker's line (worker/logs/late_errors.py) when a late error line's health check held:
 # "... not counted, the worker stays ready; last: <the line>".
 LATE_HELD = "not counted, the worker stays ready; last: "
 LATE_COUNTED = "an error line after load counts"

@@ -142,9 +142,9 @@ def test_pristine_image_passes_the_same_gate(pristine_image: str, monkeypatch: p
 
 
 # ---- worker guards taken out -----------------------------------------------------------------------
-# worker/workers/openai/guards.py names its guards in a module-level tuple ACTIVE; removing a name
+# worker/policy/guards.py names its guards in a module-level tuple ACTIVE; removing a name
 # disables exactly that guard. Each guard taken out of the image must fail these platform checks.
-GUARDS_FILE = Path("worker") / "workers" / "openai" / "guards.py"
+GUARDS_FILE = Path("worker") / "policy" / "guards.py"
 IMAGE_WORKER = "/opt/bakery/worker"  # where templates/base.Dockerfile.j2 copies worker/
 GUARD_CATCHERS = {
     "own_url": {"test_bad_signatures_refused_401", "test_request_outcomes_reported"},

@@ -86,7 +86,7 @@ def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fa
         dockerfile = (context / "Dockerfile").read_text()
         assert f"FROM {spec.base.image}\n" in dockerfile
         assert f"FROM {DEFAULT_RUNTIME_IMAGE} AS worker-python" in dockerfile
-        for part in ("worker/workers/openai/core.py", "context/make-venv.sh", "worker/requirements.txt"):
+        for part in ("worker/app/core.py", "context/make-venv.sh", "worker/requirements.txt"):
             assert (context / part).is_file(), part
         wheels = sorted(p.name for p in (context / "wheels").iterdir())
         assert wheels == [f"fake-1.0-py3-none-{platform.replace('/', '_')}.whl"], "only its platform's wheels"

@@ -34,7 +34,7 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "worker/start_server.sh": "#!/bin/sh\n",
         "worker/requirements.txt": "vastai-sdk==1.9.1\n",
         "worker/lock.py": "# dev tool\n",
-        "worker/workers/openai/core.py": "X = 1\n",
+        "worker/app/core.py": "X = 1\n",
         "worker/tests/test_x.py": "def test(): pass\n",
         "templates/context/make-venv.sh": "#!/bin/sh\n",
         "templates/context/bundle-python.sh": "#!/bin/sh\n",
@@ -46,13 +46,13 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     git(root, "init", "-q")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "fixture")
-    staged = root / "worker/workers/openai/staged.py"  # added, not yet committed: the project's
+    staged = root / "worker/app/staged.py"  # added, not yet committed: the project's
     staged.write_text("Y = 2\n")
     git(root, "add", str(staged))
     (root / "worker/.env").write_text(FAKE_SECRET + "\n")  # the stray file of issue 12
-    (root / "worker/workers/openai/scratch.py").write_text("untracked\n")
-    (root / "worker/workers/__pycache__").mkdir()
-    (root / "worker/workers/__pycache__/core.cpython-311.pyc").write_bytes(b"\0")
+    (root / "worker/app/scratch.py").write_text("untracked\n")
+    (root / "worker/app/__pycache__").mkdir()
+    (root / "worker/app/__pycache__/core.cpython-311.pyc").write_bytes(b"\0")
     (root / "templates/context/notes.txt").write_text(FAKE_SECRET + "\n")
     monkeypatch.setattr(render_mod, "REPO_ROOT", root)
     return root
@@ -69,10 +69,10 @@ def test_context_holds_tracked_files_and_generated_ones_only(checkout: Path, tmp
         "context/bundle-python.sh",
         "context/make-venv.sh",
         "wheels/pip-25.3-py3-none-any.whl",
+        "worker/app/core.py",
+        "worker/app/staged.py",
         "worker/requirements.txt",
         "worker/start_server.sh",
-        "worker/workers/openai/core.py",
-        "worker/workers/openai/staged.py",
     ]
     for path in context.rglob("*"):
         if path.is_file():
@@ -80,8 +80,8 @@ def test_context_holds_tracked_files_and_generated_ones_only(checkout: Path, tmp
 
 
 def test_a_tracked_file_deleted_in_the_working_tree_is_left_out(checkout: Path) -> None:
-    (checkout / "worker/workers/openai/core.py").unlink()
-    assert "worker/workers/openai/core.py" not in context_files()
+    (checkout / "worker/app/core.py").unlink()
+    assert "worker/app/core.py" not in context_files()
     assert "worker/start_server.sh" in context_files()
 
 
@@ -109,7 +109,7 @@ def test_the_repository_context_is_its_tracked_worker(tmp_path: Path) -> None:
         planted.unlink()
     assert str(planted.relative_to(REPO_ROOT)) not in files
     tracked = tracked_files(REPO_ROOT, "worker")
-    assert "worker/boot/entrypoint.py" in files and "worker/workers/openai/core.py" in files
+    assert "worker/boot/entrypoint.py" in files and "worker/app/core.py" in files
     assert "templates/context/make-venv.sh" in files
     assert set(files) == {p for p in tracked if p != "worker/lock.py" and "/tests/" not in p} | set(
         tracked_files(REPO_ROOT, "templates/context"))

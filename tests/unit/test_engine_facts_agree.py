@@ -24,7 +24,10 @@ sys.path.insert(0, str(WORKER_DIR))
 FACTS = all_facts()
 
 # Code that must carry no engine name: it reads engines from the specs (or from what the image bakes).
-ENGINE_AGNOSTIC = ("bakery", "worker/boot", "worker/workers/openai", "tests/image/launch.py",
+# Every package of worker/ but the engines' own entry points (workers/<engine>/).
+WORKER_PACKAGES = tuple(f"worker/{p.name}" for p in sorted((REPO_ROOT / "worker").iterdir())
+                        if (p / "__init__.py").is_file() and p.name != "workers")
+ENGINE_AGNOSTIC = ("bakery", "worker/boot", *WORKER_PACKAGES, "worker/workers/openai", "tests/image/launch.py",
                    "tests/image/conftest.py", "tests/image/test_gate.py")
 
 
@@ -108,9 +111,9 @@ UPSTREAM_MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MOD
 
 
 def test_worker_model_id_variables_reach_every_specs_model_variable() -> None:
-    core = importlib.import_module("workers.openai.core")
+    core = importlib.import_module("app.core")
     assert core.MODEL_ID_VARS == UPSTREAM_MODEL_ID_VARS, \
-        f"worker/workers/openai/core.py MODEL_ID_VARS={core.MODEL_ID_VARS}, upstream's are {UPSTREAM_MODEL_ID_VARS}"
+        f"worker/app/core.py MODEL_ID_VARS={core.MODEL_ID_VARS}, upstream's are {UPSTREAM_MODEL_ID_VARS}"
     assert model_id_vars()[0] == "MODEL_NAME"
     for facts in FACTS.values():
         # What the image bakes (bakery.render: BAKERY_MODEL_VAR = engine.model_var) is what the worker reads,
@@ -190,12 +193,12 @@ DECLARED: dict[tuple[str, str], str] = {
     ("bakery/spec/engine_spec.py", "other BACKEND values that mean this engine"): "a field's description (example)",
     ("bakery/spec/engine_spec.py", ": must be host/owner/name"): "an error's example of a repository name",
     **{(path, name): "upstream's fixed model-id precedence (pyworker #88), read after the image's own variable"
-       for path in ("worker/workers/openai/core.py", "worker/workers/openai/client.py",
-                    "worker/workers/openai/config.py")
+       for path in ("worker/app/core.py", "worker/workers/openai/client.py",
+                    "worker/config/table.py")
        for name in ("VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")},
-    **{("worker/workers/openai/config.py", f"upstream's {engine} model variable"): "the configuration table's "
+    **{("worker/config/table.py", f"upstream's {engine} model variable"): "the configuration table's "
        "description of upstream's model variables" for engine in ("vLLM", "SGLang", "llama.cpp")},
-    **{("worker/workers/openai/routes.py", start): "a route's note on vLLM-Omni's batch answers (upstream's route)"
+    **{("worker/config/routes.py", start): "a route's note on vLLM-Omni's batch answers (upstream's route)"
        for start in ("vLLM-Omni", "=/v1/audio/speech/batch: vLLM-Omni")},
 }
 
@@ -248,7 +251,7 @@ def test_the_engine_name_check_can_fail(tmp_path: Path) -> None:
 
 def test_route_switches_are_the_workers() -> None:
     # The gate's non-default route launch sets these names; the worker must read the very same.
-    routes = importlib.import_module("workers.openai.routes")
+    routes = importlib.import_module("config.routes")
     ours = (engine_facts.ROUTES_VAR, engine_facts.BENCHMARK_ROUTE_VAR)
     assert ours == (routes.ROUTES_VAR, routes.BENCHMARK_ROUTE_VAR)
 

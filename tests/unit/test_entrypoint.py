@@ -194,7 +194,7 @@ def test_an_engine_without_an_adapter_runs_as_its_baked_program(monkeypatch: pyt
 def test_the_boot_runs_on_the_standard_library_alone() -> None:
     """The entry point, its supervision and the health check import the stdlib and the worker's
     stdlib-only config and stages, nothing installed: PID 1 starts fast and needs no package."""
-    allowed = set(sys.stdlib_module_names) | {"supervise", "workers"}
+    allowed = set(sys.stdlib_module_names) | {"supervise", "config", "logs"}
     for path in sorted((REPO_ROOT / "worker" / "boot").glob("*.py")):
         imported = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -204,9 +204,9 @@ def test_the_boot_runs_on_the_standard_library_alone() -> None:
                 imported.add(node.module.split(".")[0])
         imported.discard("__future__")
         assert imported <= allowed, f"{path.name} imports {sorted(imported - allowed)}"
-        workers = {node.module for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workers")}
-        assert workers <= {"workers.openai"}, (path.name, workers)
+        worker = {f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, ast.ImportFrom) and node.module in ("config", "logs") for alias in node.names}
+        assert worker <= {"config.table", "logs.stages"}, (path.name, worker)
 
 
 def test_the_stop_signals_are_held_before_anything_else_runs() -> None:

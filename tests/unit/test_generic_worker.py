@@ -17,7 +17,7 @@ from bakery.spec.engine_spec import REPO_ROOT, load_engine
 WORKER_DIR = REPO_ROOT / "worker"
 sys.path.insert(0, str(WORKER_DIR))
 generic = importlib.import_module("workers.openai.generic")
-core = importlib.import_module("workers.openai.core")
+core = importlib.import_module("app.core")
 
 
 def echo_image_env() -> dict[str, str]:

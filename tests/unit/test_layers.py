@@ -223,9 +223,10 @@ def test_the_layers_allow_nothing_unused() -> None:
     assert not unused, f"LAYERS (and docs/architecture.md) allow imports no module makes; drop them: {unused}"
 
 
-def documented_layers(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """The layer table of docs/architecture.md: `| layer | `modules` | may import |` rows."""
-    table = text.split("<!-- layers table: tests/unit/test_layers.py LAYERS -->", 1)[1].split("\n\n", 1)[0]
+def documented_layers(text: str, marker: str = "<!-- layers table: tests/unit/test_layers.py LAYERS -->"
+                      ) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The layer table after `marker` in docs/architecture.md: `| layer | `modules` | may import |` rows."""
+    table = text.split(marker, 1)[1].split("\n\n", 1)[0]
     rows = {}
     for line in table.strip().splitlines()[2:]:
         layer, modules, may = (cell.strip() for cell in line.strip("|").split("|"))

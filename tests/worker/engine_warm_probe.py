@@ -15,7 +15,8 @@ import sys
 from typing import Any
 
 from forward_probe import finish  # this script's directory is first on sys.path
-from workers.openai import engine_warm, forward
+
+from engine import engine_warm, forward
 
 KEEPALIVE, ENGINE_IDLE, TICK, LEAD, WARM, QUIET = 0.8, 1.0, 0.05, 0.4, 2.5, 0.2
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

@@ -1,4 +1,4 @@
-"""Run inside the worker venv (PYTHONPATH=worker/): how workers/openai/forward.py reads engine answers.
+"""Run inside the worker venv (PYTHONPATH=worker/): how engine/forward.py reads engine answers.
 
     <venv>/bin/python forward_probe.py
 
@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from workers.openai import forward
+from engine import forward
 
 ANSWERS = {
     "chunked": (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"

@@ -3,7 +3,7 @@
     <venv>/bin/python guard_hooks_probe.py
 
 Prints one JSON object of facts about vastai's serverless server (and aiohttp) that
-workers/openai/guards.py relies on, and what each guard changes when installed alone on a real
+policy/guards.py relies on, and what each guard changes when installed alone on a real
 Worker. tests/worker/test_guard_hooks.py asserts them, so an SDK upgrade that moves a hook (and
 would leave a guard dead or broken) fails there, with the fact that changed named.
 """
@@ -40,8 +40,9 @@ def code_names(func: Any) -> set[str]:
 def make_worker() -> Any:
     """A real Worker for the llama engine, as core.run() builds it."""
     import vastai
+
+    from app import core
     from workers.llama.worker import DEFAULTS
-    from workers.openai import core
 
     settings = core.load_settings(DEFAULTS, os.environ)
     config, _ = core.build_worker_config(settings, vastai, ["word"])
@@ -50,7 +51,7 @@ def make_worker() -> Any:
 
 def fingerprint(name: str) -> dict[str, Any]:
     """What installing guard `name` alone changes on a fresh Worker (and the shared state)."""
-    from workers.openai import guards
+    from policy import guards
 
     worker = make_worker()
     backend = worker.backend
@@ -72,7 +73,7 @@ def fingerprint(name: str) -> dict[str, Any]:
 
 async def engine_session_timeout() -> dict[str, Any]:
     """The engine session the limits guard gives the SDK: its timeouts, and that the SDK uses it."""
-    from workers.openai import guards
+    from policy import guards
 
     worker = make_worker()
     limits = guards.Limits(engine_connect_timeout=3.5, engine_idle_timeout=7.5)
@@ -94,7 +95,7 @@ async def engine_connect_timeout() -> dict[str, Any]:
     import socket
     import time
 
-    from workers.openai import guards
+    from policy import guards
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -139,7 +140,8 @@ def layered_signature_check() -> dict[str, Any]:
     together, a signature for another worker's URL is still refused, and outcomes still sees each verdict."""
     from Crypto.PublicKey import RSA
     from vastai.serverless.server.lib import data_types
-    from workers.openai import guards
+
+    from policy import guards
 
     worker = make_worker()
     backend = worker.backend
@@ -177,7 +179,8 @@ def main() -> int:
     from Crypto.Signature import pkcs1_15
     from vastai.serverless.server.lib import backend as backend_mod
     from vastai.serverless.server.lib import data_types, metrics, server
-    from workers.openai import guards
+
+    from policy import guards
 
     facts: dict[str, Any] = {}
     Backend = backend_mod.Backend

@@ -42,7 +42,7 @@ STANDIN = REPO / "bases" / "standin" / "run_standin.py"  # the project's vLLM/SG
 LLAMA_ENGINE = HERE / "llama_engine.py"
 
 if str(WORKER_DIR) not in sys.path:
-    sys.path.insert(0, str(WORKER_DIR))  # `workers.openai.core` for the unit tests
+    sys.path.insert(0, str(WORKER_DIR))  # `app.core` for the unit tests
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -42,7 +42,8 @@ def main() -> int:
 
         for info in pkgutil.walk_packages(server_pkg.__path__, server_pkg.__name__ + "."):
             importlib.import_module(info.name)
-        from workers.openai import core, signed_first  # noqa: F401 (the envelope guard's reader: msgspec)
+        from app import core
+        from policy import signed_first  # noqa: F401 (msgspec: imported as the worker imports it)
 
         for engine in ("vllm", "sglang", "llama", "openai"):
             defaults = importlib.import_module(f"workers.{engine}.worker").DEFAULTS

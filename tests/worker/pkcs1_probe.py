@@ -1,4 +1,4 @@
-"""Run inside the worker venv (PYTHONPATH=worker/): workers/openai/pkcs1.py against pycryptodome's pkcs1_15.
+"""Run inside the worker venv (PYTHONPATH=worker/): policy/pkcs1.py against pycryptodome's pkcs1_15.
 
     <venv>/bin/python pkcs1_probe.py
 
@@ -21,7 +21,8 @@ def main() -> int:
     from Crypto.Hash import SHA256
     from Crypto.PublicKey import RSA
     from Crypto.Signature import pkcs1_15
-    from workers.openai import pkcs1
+
+    from policy import pkcs1
 
     rng = random.Random(20261203)  # noqa: S311 - reproducible test cases, not secrets
     cases: dict[str, int] = {}

@@ -53,8 +53,11 @@ def main() -> int:
     from Crypto.PublicKey import RSA
     from vastai.serverless.server.lib import backend as backend_module
     from vastai.serverless.server.lib import data_types
+
+    from app import core
+    from control import sdk_seam
+    from policy import signature_memo
     from workers.llama.worker import DEFAULTS
-    from workers.openai import core, sdk_seam, signature_memo
 
     cfg = core.load_config(DEFAULTS, os.environ)
     sdk_config, _ = core.build_worker_config(cfg.settings, vastai, ["word"])
@@ -114,7 +117,7 @@ def main() -> int:
     odd = bounded(data_types.AuthData(cost="1", endpoint="e", reqnum=1, request_idx=1, signature="!!", url=urls[0]))
     facts["undecodable"] = [odd, counter.verifications - before]
     # guards.auth_data_maker makes what AuthData.from_json_msg makes (and fails as it fails).
-    from workers.openai import guards
+    from policy import guards
 
     make = guards.auth_data_maker(data_types.AuthData)
     full = {"cost": "8", "endpoint": "e", "reqnum": 3, "request_idx": 4, "signature": "s", "url": "u"}

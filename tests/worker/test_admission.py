@@ -1,4 +1,4 @@
-"""Admission at :3000 (workers/openai/admission.py) on the real SDK, signed as the platform signs:
+"""Admission at :3000 (policy/admission.py) on the real SDK, signed as the platform signs:
 the global bound on buffered body bytes, the connection cap, and no Content-Encoding on requests.
 
 Two secured workers in front of tests/worker/guard_engine.py, each with small bounds so that a few

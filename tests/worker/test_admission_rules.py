@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from workers.openai import admission, config, core, guards
 
+from app import core
+from config import table
+from policy import admission, guards
 from tests.worker.helpers import platform_env  # (puts worker/ on sys.path first)
 
 MIB = 1024 * 1024
@@ -67,7 +69,7 @@ def test_bad_bounds_are_exit_2_lines(raw: str) -> None:
     for name in ("BAKERY_MAX_BUFFERED_BYTES", "BAKERY_MAX_CONNECTIONS"):
         _, errors = guards.load_limits({name: raw})
         assert len(errors) == 1 and errors[0].startswith(f"{name}={raw!r} "), errors
-        assert config.BY_NAME[name].bad == "exit"
+        assert table.BY_NAME[name].bad == "exit"
 
 
 def test_the_budget_refuses_what_does_not_fit_and_takes_it_back() -> None:

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from app.core import EngineDefaults
+from tests.worker.helpers import SDK_READY, Engine, Harness, post_enveloped
 from workers.llama.worker import DEFAULTS as LLAMA
-from workers.openai.core import EngineDefaults
 from workers.sglang.worker import DEFAULTS as SGLANG
 from workers.vllm.worker import DEFAULTS as VLLM
-
-from tests.worker.helpers import SDK_READY, Engine, Harness, post_enveloped
 
 pytestmark = pytest.mark.slow
 

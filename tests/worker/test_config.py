@@ -1,4 +1,4 @@
-"""The worker's one configuration (workers/openai/config.py): one table, one parser, one reader of
+"""The worker's one configuration (config/table.py): one table, one parser, one reader of
 the environment. No SDK needed."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ import re
 from pathlib import Path
 
 import pytest
-from workers.openai import config
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from config import table
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKERS = ROOT / "worker" / "workers"
+WORKER = ROOT / "worker"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # Not the worker: a stdlib-only demo client the caller runs on their own machine (it must work as a lone
 # file), whose --model default reads the model variables.
-NOT_THE_WORKER = {WORKERS / "openai" / "client.py"}
+NOT_THE_WORKER = {WORKER / "workers" / "openai" / "client.py"}
 # Upper-case names in the contract that are not variables the worker or its entry point reads, and why.
 NOT_VARIABLES = {
     "ACTIVE": "guards.py's tuple of guard names",
-    "VARIABLES": "config.py's table (config.VARIABLES)",
+    "VARIABLES": "table.py's table (table.VARIABLES)",
     "HOOKS": "sdk_seam.py's table (sdk_seam.HOOKS)",
     "ENGINE_KEEPALIVE": "a constant of guards.py",
     "BENCHMARK_": "the prefix of the BENCHMARK_* variables",
@@ -51,11 +51,11 @@ def environ_reads(tree: ast.AST) -> list[str]:
 
 
 def test_only_config_reads_the_environment() -> None:
-    """Nothing under worker/workers/ but config.py touches os.environ (or getenv): every variable is
+    """Nothing of the worker's packages but config/table.py touches os.environ (or getenv): every variable is
     read through config's table and parser, from the one snapshot core.run() takes."""
     offenders = {}
-    for path in sorted(WORKERS.rglob("*.py")):
-        if path == WORKERS / "openai" / "config.py" or path in NOT_THE_WORKER:
+    for path in sorted(WORKER.glob("*/**/*.py")):
+        if path == WORKER / "config" / "table.py" or path in NOT_THE_WORKER or path.parts[-2] == "boot":
             continue
         reads = environ_reads(ast.parse(path.read_text(encoding="utf-8")))
         if reads:
@@ -81,14 +81,14 @@ def contract_names() -> set[str]:
 def test_the_table_is_the_documented_contract() -> None:
     """Every variable the contract names is a row of the table, and every row is in the contract."""
     names = contract_names()
-    assert names - set(config.BY_NAME) - set(NOT_VARIABLES) == set()
-    assert set(config.BY_NAME) - names == set()
-    assert not set(NOT_VARIABLES) & set(config.BY_NAME)
+    assert names - set(table.BY_NAME) - set(NOT_VARIABLES) == set()
+    assert set(table.BY_NAME) - names == set()
+    assert not set(NOT_VARIABLES) & set(table.BY_NAME)
 
 
 def test_every_row_is_well_formed() -> None:
-    assert len(config.BY_NAME) == len(config.VARIABLES)
-    for var in config.VARIABLES:
+    assert len(table.BY_NAME) == len(table.VARIABLES)
+    for var in table.VARIABLES:
         assert var.bad in ("exit", "warn", "none"), var
         assert var.reader in ("worker", "entry point", "start_server.sh"), var
         assert var.doc and var.owner, var
@@ -102,10 +102,10 @@ def test_strict_and_warning_variables_are_the_documented_ones() -> None:
     BAKERY_RELAY, BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the log-line lists
     warn and take
     their default."""
-    strict = {v.name for v in config.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
+    strict = {v.name for v in table.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
               and v.kind in ("digits", "number", "bool", "drain")}
-    assert strict == {"UNSECURED", "BAKERY_DRAIN_TIMEOUT", *(v.name for v in config.VARIABLES if v.owner == "guards")}
-    warned = {v.name for v in config.VARIABLES if v.bad == "warn"}
+    assert strict == {"UNSECURED", "BAKERY_DRAIN_TIMEOUT", *(v.name for v in table.VARIABLES if v.owner == "guards")}
+    warned = {v.name for v in table.VARIABLES if v.bad == "warn"}
     assert warned == {"MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS", "BENCHMARK_RUNS",
                       "BENCHMARK_CONCURRENCY", "BENCHMARK_MAX_TOKENS", "READINESS", "READINESS_TIMEOUT",
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
@@ -122,7 +122,7 @@ def test_blank_is_unset_for_every_kind(raw: str | None) -> None:
         for bad in ("exit", "warn"):
             warnings: list[str] = []
             errors: list[str] = []
-            assert config.parse(env, "X", kind, bad, ("d",) if kind == "lines" else 7, warnings, errors) \
+            assert table.parse(env, "X", kind, bad, ("d",) if kind == "lines" else 7, warnings, errors) \
                 in (("d",), 7)
             assert warnings == errors == []
 
@@ -130,18 +130,18 @@ def test_blank_is_unset_for_every_kind(raw: str | None) -> None:
 def test_a_bad_value_goes_where_its_row_says() -> None:
     warnings: list[str] = []
     errors: list[str] = []
-    assert config.read({"BAKERY_RETRY_AFTER": "x"}, "BAKERY_RETRY_AFTER", warnings, errors) == 10
-    assert config.read({"BENCHMARK_EMBED_CHARS": "x"}, "BENCHMARK_EMBED_CHARS", warnings, errors) == 600
+    assert table.read({"BAKERY_RETRY_AFTER": "x"}, "BAKERY_RETRY_AFTER", warnings, errors) == 10
+    assert table.read({"BENCHMARK_EMBED_CHARS": "x"}, "BENCHMARK_EMBED_CHARS", warnings, errors) == 600
     assert [e.split("=")[0] for e in errors] == ["BAKERY_RETRY_AFTER"]
     assert [w.split("=")[0] for w in warnings] == ["BENCHMARK_EMBED_CHARS"]
 
 
 def test_the_two_integer_rules_keep_their_differences() -> None:
     """BENCHMARK_RUNS & co. take what int() takes; the byte counts and guard limits digits only."""
-    assert config.parse({"X": " +3 "}, "X", "int", "warn", 1) == 3
-    assert config.parse({"X": "1_0"}, "X", "int", "warn", 1) == 10
-    assert config.parse({"X": "+3"}, "X", "digits", "warn", 1) == 1
-    assert config.parse({"X": " 3 "}, "X", "digits", "exit", 1) == 3
+    assert table.parse({"X": " +3 "}, "X", "int", "warn", 1) == 3
+    assert table.parse({"X": "1_0"}, "X", "int", "warn", 1) == 10
+    assert table.parse({"X": "+3"}, "X", "digits", "warn", 1) == 1
+    assert table.parse({"X": " 3 "}, "X", "digits", "exit", 1) == 3
 
 
 SECONDS = [("BAKERY_DRAIN_TIMEOUT", 8.0), ("BAKERY_EXIT_GRACE", 10.0)]  # seconds from 0 to 3600, and defaults
@@ -150,32 +150,34 @@ SECONDS = [("BAKERY_DRAIN_TIMEOUT", 8.0), ("BAKERY_EXIT_GRACE", 10.0)]  # second
 @pytest.mark.parametrize(("name", "default"), SECONDS)
 @pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("3600", 3600.0), (" 2.5 ", 2.5), ("", None)])
 def test_seconds(name: str, default: float, raw: str, value: float | None) -> None:
-    assert config.read({name: raw}, name) == (default if value is None else value)
+    assert table.read({name: raw}, name) == (default if value is None else value)
 
 
 @pytest.mark.parametrize(("name", "default"), SECONDS)
 @pytest.mark.parametrize("raw", ["-1", "3601", "inf", "nan", "8s"])
 def test_seconds_refused_naming_the_variable(name: str, default: float, raw: str) -> None:
     errors: list[str] = []
-    assert config.read({name: raw}, name, errors=errors) == default
+    assert table.read({name: raw}, name, errors=errors) == default
     assert len(errors) == 1 and errors[0].startswith(f"{name}={raw!r} is not a number of seconds from 0 to 3600")
     assert f"(default {default:g}" in errors[0]
 
 
 def test_numbers_are_finite() -> None:
     for raw in ("inf", "nan", "-1", "0"):
-        assert math.isfinite(config.parse({"X": raw}, "X", "number", "warn", 1.5))
+        assert math.isfinite(table.parse({"X": raw}, "X", "number", "warn", 1.5))
 
 
 def test_the_snapshot_is_read_only() -> None:
-    snapshot = config.snapshot()
+    snapshot = table.snapshot()
     with pytest.raises(TypeError):
         snapshot["X"] = "1"  # type: ignore[index]
 
 
 def test_the_table_defaults_are_the_modules_defaults() -> None:
     """One value per default: each row's default is the constant its owner module uses."""
-    from workers.openai import core, drain, guards, routes, uploads, workload
+    from app import core
+    from config import routes, uploads, workload
+    from policy import drain, guards
 
     expected: dict[str, object] = {
         "MODEL_SERVER_URL": core.DEFAULT_SERVER_URL, "MODEL_HEALTH_ENDPOINT": core.DEFAULT_HEALTH_ENDPOINT,
@@ -188,7 +190,7 @@ def test_the_table_defaults_are_the_modules_defaults() -> None:
         "BAKERY_DRAIN_TIMEOUT": drain.DEFAULT_DRAIN_SECONDS, "BAKERY_LOG_REQUESTS": False, "UNSECURED": False,
         **{name: getattr(guards.Limits(), attr) for attr, name in guards.LIMIT_VARS.items()},
     }
-    assert {name: config.BY_NAME[name].default for name in expected} == expected
+    assert {name: table.BY_NAME[name].default for name in expected} == expected
 
 
 def test_the_documented_defaults_are_the_tables() -> None:
@@ -198,7 +200,7 @@ def test_the_documented_defaults_are_the_tables() -> None:
     shown = dict(re.findall(r"`([A-Z][A-Z0-9_]+)=([^`\s]+)`", knobs))
     assert len(shown) >= 20, shown
     for name, text in shown.items():
-        default = config.BY_NAME[name].default
+        default = table.BY_NAME[name].default
         if isinstance(default, bool):
             assert text == str(default).lower(), name
         elif isinstance(default, (int, float)):

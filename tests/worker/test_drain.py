@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from workers.openai import drain
 
+from policy import drain
 from tests.worker.helpers import STANDIN, WORKER_DIR, Engine, Harness, free_port, free_port_pair, platform_env
 from tests.worker.serving import MODEL, EventStream, envelope, wait_record
 

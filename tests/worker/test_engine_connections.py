@@ -19,15 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from workers.openai import admission
 
 from bakery.paths import REPO_ROOT
+from policy import admission
 from tests.worker.helpers import Harness
 from tests.worker.serving import MODEL, EventStream, envelope, wait_record
 
 pytestmark = pytest.mark.slow
 ACCESS = re.compile(r'127\.0\.0\.1:(\d+) - "POST (/v1/\S+) HTTP/1\.1" (\d+)')
-GUARDS = REPO_ROOT / "worker" / "workers" / "openai" / "guards.py"
+GUARDS = REPO_ROOT / "worker" / "policy" / "guards.py"
 # The engines close an idle connection after 5 s (uvicorn's default, which vLLM and SGLang keep, and
 # llama.cpp's HTTP server); the worker must let go of it first, with room for a slow loop turn.
 ENGINES_KEEPALIVE = 5.0

@@ -1,4 +1,4 @@
-"""Idle engine connections renewed between bursts (worker/workers/openai/engine_warm.py,
+"""Idle engine connections renewed between bursts (worker/engine/engine_warm.py,
 BAKERY_ENGINE_KEEP_WARM): a burst after a quiet spell finds them open; the pool never grows; renewal
 ends with its window and at the first refusal. tests/worker/engine_warm_probe.py runs forward.Pool
 against a loopback engine that drops idle connections, on scaled-down times, and reports."""
@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import config, core, engine_warm
-from workers.vllm.worker import DEFAULTS
 
+from app import core
+from config import table
+from engine import engine_warm
 from tests.worker.helpers import probe_facts
+from workers.vllm.worker import DEFAULTS
 
 HERE = Path(__file__).resolve().parent
 ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000", "PUBLIC_IPADDR": "203.0.113.7",
@@ -58,9 +60,9 @@ def test_a_refused_renewal_stops_renewing_until_the_next_request(report: dict[st
 def test_the_setting(given: str | None, seconds: float, warned: bool) -> None:
     warnings: list[str] = []
     env = {} if given is None else {"BAKERY_ENGINE_KEEP_WARM": given}
-    assert config.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings) == seconds
+    assert table.read(env, "BAKERY_ENGINE_KEEP_WARM", warnings=warnings) == seconds
     assert [w.split("=")[0] for w in warnings] == (["BAKERY_ENGINE_KEEP_WARM"] if warned else [])
-    assert config.BY_NAME["BAKERY_ENGINE_KEEP_WARM"].default == engine_warm.DEFAULT
+    assert table.BY_NAME["BAKERY_ENGINE_KEEP_WARM"].default == engine_warm.DEFAULT
 
 
 def test_the_worker_settings_carry_it() -> None:
@@ -118,4 +120,4 @@ def test_each_engine_has_its_own_ready_connections() -> None:
 
     assert (DEFAULTS.ready_connections, SGLANG.ready_connections, LLAMA.ready_connections) == (256, 256, 0)
     assert core.load_settings(LLAMA, ENV).engine_ready_connections == 0
-    assert config.BY_NAME["BAKERY_ENGINE_READY_CONNECTIONS"].default is None  # the engine's own
+    assert table.BY_NAME["BAKERY_ENGINE_READY_CONNECTIONS"].default is None  # the engine's own

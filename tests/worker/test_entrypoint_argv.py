@@ -171,7 +171,7 @@ def test_sigterm_stops_the_engine_whose_pid_holds_the_exact_argv(worker_python: 
 
 @pytest.mark.slow
 def test_the_entry_point_stamps_the_engines_load_line_when_it_is_written(worker_python: Path, run_dir: Path) -> None:
-    # The engine's load stages are stamped by the entry point (workers/openai/stages.py), which reads
+    # The engine's load stages are stamped by the entry point (logs/stages.py), which reads
     # MODEL_LOG from before the engine starts, not by a worker that may start after the engine loaded.
     env = boot_env(run_dir, worker_python, ARGV_SLEEP="1", MODEL_LOAD_LOG_MSG='["recorded my argv"]',
                    BAKERY_LOAD_BEGIN_LOG_MSGS='["argv_engine:"]')

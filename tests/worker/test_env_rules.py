@@ -1,4 +1,4 @@
-"""Unit tests for every environment rule of the worker (workers/openai/core.py), no SDK needed."""
+"""Unit tests for every environment rule of the worker (app/core.py), no SDK needed."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from workers.llama.worker import DEFAULTS as LLAMA
-from workers.openai import core
-from workers.openai.core import ConfigError, PortBusy
-from workers.sglang.worker import DEFAULTS as SGLANG
-from workers.vllm.worker import DEFAULTS as VLLM
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from app import core
+from app.core import ConfigError, PortBusy
 from tests.worker.helpers import free_port_pair
+from workers.llama.worker import DEFAULTS as LLAMA
+from workers.sglang.worker import DEFAULTS as SGLANG
+from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
             "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
@@ -63,7 +63,7 @@ def test_openai_alias_imports_the_vllm_defaults() -> None:
 def test_engine_workers_are_only_defaults() -> None:
     """Each engine's worker.py is a few lines: its defaults and the call to run()."""
     for engine in ("vllm", "sglang", "llama"):
-        path = Path(core.__file__).parents[1] / engine / "worker.py"
+        path = Path(core.__file__).parents[1] / "workers" / engine / "worker.py"
         code = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         assert len(code) <= 15, path
 
@@ -421,7 +421,7 @@ MIB = 1024 * 1024
 
 
 def reconcile(**env: str) -> tuple[Any, list[str], list[str]]:
-    from workers.openai import guards
+    from policy import guards
 
     limits, errors = guards.load_limits(env)
     assert errors == []

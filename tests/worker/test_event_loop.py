@@ -16,11 +16,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from workers.openai import config, core, event_loop
-from workers.vllm.worker import DEFAULTS
 
+from app import core, event_loop
+from config import table
 from tests.worker.helpers import WORKER_DIR, Harness
 from tests.worker.serving import MODEL, EventStream, envelope
+from workers.vllm.worker import DEFAULTS
 
 ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000", "PUBLIC_IPADDR": "203.0.113.7",
        "VAST_TCP_PORT_3000": "41234"}
@@ -38,7 +39,7 @@ def test_the_setting(given: str | None, chosen: str, warned: bool) -> None:
     assert bool(said) is warned, settings.warnings
     if warned:
         assert said == ["BAKERY_EVENT_LOOP='trio' is not one of uvloop, asyncio; using uvloop"]
-    assert config.BY_NAME["BAKERY_EVENT_LOOP"].default == event_loop.DEFAULT
+    assert table.BY_NAME["BAKERY_EVENT_LOOP"].default == event_loop.DEFAULT
 
 
 RUNS_ON = textwrap.dedent("""
@@ -46,7 +47,7 @@ RUNS_ON = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     if sys.argv[3] == "blocked":
         sys.modules["uvloop"] = None  # an import of it raises ImportError, as in a venv without it
-    from workers.openai import event_loop
+    from app import event_loop
 
     async def which():
         return type(asyncio.get_running_loop()).__module__

@@ -1,4 +1,4 @@
-"""bakery's own engine client (workers/openai/forward.py) reads answers as HTTP/1.1 says, however
+"""bakery's own engine client (engine/forward.py) reads answers as HTTP/1.1 says, however
 the bytes arrive, and keeps, retries and drops engine connections as the SDK's aiohttp client did.
 
 tests/worker/forward_probe.py runs in the worker venv and reports; this pins each fact. The

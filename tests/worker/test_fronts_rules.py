@@ -1,4 +1,4 @@
-"""fronts.py's rules without the SDK: the body budget counted across processes, the link's messages
+"""processes.py's rules without the SDK: the body budget counted across processes, the link's messages
 with a descriptor, each process's share of the engine connections opened at load, the setting."""
 
 from __future__ import annotations
@@ -10,16 +10,20 @@ import types
 from typing import Any
 
 import pytest
-from workers.openai import admission, config, core, front_process, fronts, guards, sdk_seam
 
+from app import core, front_process
+from config import table
+from control import sdk_seam
+from front import processes
+from policy import admission, guards
 from tests.worker import helpers  # noqa: F401 (puts worker/ on sys.path first)
 
 
 def test_the_body_budget_counts_every_processs_bytes() -> None:
-    slots = fronts.Slots(2)
+    slots = processes.Slots(2)
     primary, front = admission.Budget(100), admission.Budget(100)
     primary.share(slots, 0)
-    front.share(fronts.Slots(2, slots.fd), 1)  # the front process maps the same memory by its descriptor
+    front.share(processes.Slots(2, slots.fd), 1)  # the front process maps the same memory by its descriptor
     assert primary.reserve(60)
     assert not front.take(50) and front.held == 0  # 60 + 50 > 100: the front process gives it back
     assert front.take(40) and slots.view[1] == 40
@@ -36,12 +40,12 @@ def test_an_unshared_budget_counts_its_own_bytes_only() -> None:
 
 
 def test_a_link_carries_messages_and_a_descriptor() -> None:
-    ours, theirs = fronts.make_link()
+    ours, theirs = processes.make_link()
     carried, kept = socket.socketpair()
     try:
-        fronts.send(ours, ("c", 7), [carried.fileno()], wait=False)
-        fronts.send(ours, [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)])
-        got = fronts.receive(theirs)
+        processes.send(ours, ("c", 7), [carried.fileno()], wait=False)
+        processes.send(ours, [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)])
+        got = processes.receive(theirs)
         assert got is not None
         assert [message for message, _ in got] == [("c", 7), [("s", 1, 2, 3, 4.0, 5.0, 6.0), ("o",)]]
         assert len(got[0][1]) == 1 and got[1][1] == []
@@ -49,24 +53,24 @@ def test_a_link_carries_messages_and_a_descriptor() -> None:
         with socket.socket(fileno=fd) as received:  # the same connection, by another descriptor
             received.sendall(b"through")
             assert kept.recv(16) == b"through"
-        assert fronts.receive(theirs) == []  # nothing more waiting
+        assert processes.receive(theirs) == []  # nothing more waiting
         big = b"x" * (400 * 1024)  # a hand-back's bytes can be this large
-        fronts.send(ours, ("h", 1, big))
-        assert fronts.receive(theirs) == [(("h", 1, big), [])]
+        processes.send(ours, ("h", 1, big))
+        assert processes.receive(theirs) == [(("h", 1, big), [])]
         ours.close()
-        assert fronts.receive(theirs) is None  # the other end is gone
+        assert processes.receive(theirs) is None  # the other end is gone
     finally:
         for sock in (theirs, carried, kept):
             sock.close()
 
 
 def test_a_turns_connections_go_in_one_message() -> None:
-    ours, theirs = fronts.make_link()
-    pairs = [socket.socketpair() for _ in range(fronts.MAX_FDS)]
+    ours, theirs = processes.make_link()
+    pairs = [socket.socketpair() for _ in range(processes.MAX_FDS)]
     try:
-        fronts.send(ours, ("c", list(range(len(pairs))), [b""] * len(pairs)), [a.fileno() for a, _ in pairs])
-        got = fronts.receive(theirs)
-        assert got is not None and len(got) == 1 and len(got[0][1]) == fronts.MAX_FDS
+        processes.send(ours, ("c", list(range(len(pairs))), [b""] * len(pairs)), [a.fileno() for a, _ in pairs])
+        got = processes.receive(theirs)
+        assert got is not None and len(got) == 1 and len(got[0][1]) == processes.MAX_FDS
         for fd, (_, other) in zip(got[0][1], pairs, strict=True):
             with socket.socket(fileno=fd) as received:
                 received.sendall(b"!")
@@ -80,11 +84,11 @@ def test_a_turns_connections_go_in_one_message() -> None:
 
 
 def test_a_primary_that_cannot_send_now_is_told_at_once() -> None:
-    ours, theirs = fronts.make_link()
+    ours, theirs = processes.make_link()
     try:
         with pytest.raises(BlockingIOError):
             for _ in range(100000):  # never read: the link fills
-                fronts.send(ours, ("s", "x" * 60000), wait=False)
+                processes.send(ours, ("s", "x" * 60000), wait=False)
     finally:
         ours.close()
         theirs.close()
@@ -93,7 +97,7 @@ def test_a_primary_that_cannot_send_now_is_told_at_once() -> None:
 @pytest.mark.parametrize(("ready", "processes", "share"), [(256, 0, 256), (256, 1, 128), (256, 2, 86), (0, 1, 0),
                                                             (1, 3, 1)])
 def test_each_process_opens_its_share_of_the_ready_connections(ready: int, processes: int, share: int) -> None:
-    assert fronts.ready_share(ready, processes) == share
+    assert processes.ready_share(ready, processes) == share
 
 
 @pytest.mark.parametrize(("raw", "cpus", "count", "warned"), [
@@ -101,11 +105,11 @@ def test_each_process_opens_its_share_of_the_ready_connections(ready: int, proce
     ("2", 1, 2, False), (" 1 ", 2, 1, False), ("two", 2, 1, True), ("-1", 1, 0, True), ("5000", 2, 1, True)])
 def test_the_setting(raw: str | None, cpus: int, count: int, warned: bool) -> None:
     """Unset: one front process with two CPUs or more to run on; a bad value warns and takes that."""
-    env = {} if raw is None else {fronts.PROCESSES_VAR: raw}
+    env = {} if raw is None else {processes.PROCESSES_VAR: raw}
     warnings: list[str] = []
-    assert fronts.count(env, warnings, cpus=cpus) == count
-    assert bool(warnings) == warned and all(fronts.PROCESSES_VAR in line for line in warnings)
-    assert config.BY_NAME[fronts.PROCESSES_VAR].default is None  # the CPUs decide (fronts.default_count)
+    assert processes.count(env, warnings, cpus=cpus) == count
+    assert bool(warnings) == warned and all(processes.PROCESSES_VAR in line for line in warnings)
+    assert table.BY_NAME[processes.PROCESSES_VAR].default is None  # the CPUs decide (processes.default_count)
 
 
 def test_each_engine_has_its_own_front_processes() -> None:
@@ -124,19 +128,19 @@ def test_each_engine_has_its_own_front_processes() -> None:
     generic_defaults = generic.defaults_from_env({**env, **baked})
     assert (VLLM.front_processes, SGLANG.front_processes, LLAMA.front_processes,
             generic_defaults.front_processes) == (None, None, 0, 0)
-    cpus = fronts.default_count()
+    cpus = processes.default_count()
     for engine, expected in ((VLLM, cpus), (SGLANG, cpus), (LLAMA, 0), (generic_defaults, 0)):
         assert core.load_settings(engine, env).front_processes == expected, engine.engine
-    assert core.load_settings(LLAMA, {**env, fronts.PROCESSES_VAR: "1"}).front_processes == 1
+    assert core.load_settings(LLAMA, {**env, processes.PROCESSES_VAR: "1"}).front_processes == 1
     warnings: list[str] = []
-    assert core.front_processes({fronts.PROCESSES_VAR: "1"}, "aiohttp", warnings) == 0
+    assert core.front_processes({processes.PROCESSES_VAR: "1"}, "aiohttp", warnings) == 0
     assert warnings and "BAKERY_FRONT=wire" in warnings[0]
 
 
 def test_a_front_process_ends_when_its_parent_is_gone() -> None:
     pid = os.fork()
     if pid == 0:  # the child: its parent is not the pid given, so it ends at once
-        fronts.die_with_parent(os.getppid() + 1_000_000)
+        processes.die_with_parent(os.getppid() + 1_000_000)
         os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
@@ -145,8 +149,8 @@ def test_a_front_process_ends_when_its_parent_is_gone() -> None:
 def test_a_front_process_serves_no_pair_of_a_key_the_primary_replaced() -> None:
     """The pairs a front process was sent hold only under the key generation they were sent with,
     read in shared memory per request: a new key is seen the moment the primary loads it."""
-    slots = fronts.Slots(2)
-    state = front_process.State(fronts.Slots(2, slots.fd))  # the front process's own mapping
+    slots = processes.Slots(2)
+    state = front_process.State(processes.Slots(2, slots.fd))  # the front process's own mapping
     state.pairs, state.generation = frozenset({("http://w:1", "sig")}), slots.generation
     assert state.knows("http://w:1", "sig") and not state.knows("http://w:1", "other")
     slots.bump()  # Fleet.key_changed, in the step key rotation loads the new key
@@ -164,12 +168,12 @@ def test_key_rotation_tells_its_listeners_once_the_new_key_is_loaded() -> None:
     assert seen == ["new"]
 
 
-def bare_fleet(members: list[fronts.Member]) -> fronts.Fleet:
+def bare_fleet(members: list[processes.Member]) -> processes.Fleet:
     """A Fleet with what its drain hold and state messages use (no SDK, no processes started)."""
-    fleet = object.__new__(fronts.Fleet)
+    fleet = object.__new__(processes.Fleet)
     fleet.__dict__.update(members=members, drain=types.SimpleNamespace(draining=True), knows=lambda *_: False,
                           backend=types.SimpleNamespace(unsecured=False), loaded=lambda: True,
-                          wait_time=lambda: 0.0, slots=fronts.Slots(len(members) + 1), state=None,
+                          wait_time=lambda: 0.0, slots=processes.Slots(len(members) + 1), state=None,
                           unseen=set(), seen=None)
     return fleet
 
@@ -178,8 +182,8 @@ def bare_fleet(members: list[fronts.Member]) -> fronts.Fleet:
 def test_the_drain_hold_ends_once_every_front_process_saw_the_drain(told_by_the_tick: bool) -> None:
     """The hold sends the drain's state and ends once each running front process answered or ended;
     one the 50 ms state tick told first (its answer already in) is not waited for again."""
-    links = [fronts.make_link() for _ in range(2)]
-    first, second = (fronts.Member(i + 1, types.SimpleNamespace(pid=0), ours, ready=True)
+    links = [processes.make_link() for _ in range(2)]
+    first, second = (processes.Member(i + 1, types.SimpleNamespace(pid=0), ours, ready=True)
                      for i, (ours, _) in enumerate(links))
     fleet = bare_fleet([first, second])
 
@@ -194,7 +198,7 @@ def test_the_drain_hold_ends_once_every_front_process_saw_the_drain(told_by_the_
         await asyncio.sleep(0.01)
         assert not held.done()
         for _, theirs in links:  # each was told: the state with the drain on
-            [(message, _fds)] = fronts.receive(theirs)
+            [(message, _fds)] = processes.receive(theirs)
             assert message[0] == "s" and message[1][3] is True
         fleet._apply(first, ("drain seen",), None)
         await asyncio.sleep(0.01)

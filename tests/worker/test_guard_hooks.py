@@ -3,7 +3,7 @@
 tests/worker/guard_hooks_probe.py runs in the real worker venv (vastai as locked) and reports the
 facts; each test here pins one. An SDK upgrade that renames a hook, stops calling it, or starts doing
 what a guard does itself fails a test named after the guard, instead of leaving that guard as dead
-code. Every hook named here is a row of workers/openai/sdk_seam.py's table (the one module that may
+code. Every hook named here is a row of control/sdk_seam.py's table (the one module that may
 name an SDK private; tests/worker/test_sdk_seam.py checks the table against the locked SDK and a
 missing hook's exit 4). Also pinned: the SDK's own signature check covers only auth_data.url (what docs/security.md
 says a captured envelope can be replayed with), so a release that signs more is noticed.
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import guards, sdk_seam
 
+from control import sdk_seam
+from policy import guards
 from tests.worker.helpers import HERE, probe_facts
 
 

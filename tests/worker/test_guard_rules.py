@@ -8,10 +8,11 @@ import logging
 import time
 
 import pytest
-from workers.openai import core, guards
-from workers.vllm.worker import DEFAULTS as VLLM
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from app import core
+from policy import guards
+from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
             "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}

@@ -1,5 +1,5 @@
 """The image's Docker HEALTHCHECK (worker/boot/health.py) and the worker's ready mark it reads
-(workers/openai/ready_mark.py), on the host with the real SDK and the vLLM stand-in.
+(control/ready_mark.py), on the host with the real SDK and the vLLM stand-in.
 
 Under SERVERLESS=true the check follows the worker: unhealthy while the model loads, healthy once the
 worker is ready, unhealthy again once it is errored. Otherwise it follows the engine's health endpoint.

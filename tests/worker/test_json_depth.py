@@ -1,4 +1,4 @@
-"""front.too_deep finds JSON nested deeper than a limit without parsing: the same answer as counting."""
+"""rules.too_deep finds JSON nested deeper than a limit without parsing: the same answer as counting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from workers.openai import front
+
+from policy import rules
 
 
 def depth(value: Any) -> int:
@@ -29,14 +30,14 @@ JSON = st.recursive(st.none() | st.integers() | TEXT,
 @settings(max_examples=400, deadline=None)
 @given(value=JSON, limit=st.integers(min_value=0, max_value=12))
 def test_too_deep_is_counting(value: Any, limit: int) -> None:
-    assert front.too_deep(json.dumps(value).encode(), limit) == (depth(value) > limit)
+    assert rules.too_deep(json.dumps(value).encode(), limit) == (depth(value) > limit)
 
 
 def test_the_limit_is_exact_at_64() -> None:
     for levels in (63, 64, 65, 900):
         body = ("[" * levels + "]" * levels).encode()
-        assert front.too_deep(body) == (levels > 64), levels
+        assert rules.too_deep(body) == (levels > 64), levels
     # deep in one place only, among many shallow items (the outer list is one level)
     for inner in (63, 64):
         wide = json.dumps([[[1]]] * 1000 + [json.loads("[" * inner + "]" * inner)]).encode()
-        assert front.too_deep(wide) == (inner + 1 > 64), inner
+        assert rules.too_deep(wide) == (inner + 1 > 64), inner

@@ -1,4 +1,4 @@
-"""Key rotation (workers/openai/key_rotation.py): the worker follows the autoscaler's public key.
+"""Key rotation (policy/key_rotation.py): the worker follows the autoscaler's public key.
 
 The rules on the host (the rate limit of the fetch loop, with a stand-in fetch), then the real SDK:
 a secured worker whose report server switches the key it serves at /pubkey/ (helpers.ReportServer's
@@ -15,8 +15,8 @@ import types
 from pathlib import Path
 
 import pytest
-from workers.openai import guards, key_rotation
 
+from policy import guards, key_rotation
 from tests.worker.helpers import SDK_READY, Harness, SigningKey, make_signing_key, secured, send, start_engine
 
 # --------------------------------------------------------------------------- the rules

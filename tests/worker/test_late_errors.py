@@ -25,9 +25,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from workers.openai import late_errors
-from workers.vllm.worker import DEFAULTS as VLLM
 
+from logs import late_errors
 from tests.worker.helpers import (
     GUARD_ENGINE,
     HERE,
@@ -39,6 +38,7 @@ from tests.worker.helpers import (
     make_signing_key,
     post_enveloped,
 )
+from workers.vllm.worker import DEFAULTS as VLLM
 
 MODEL = "standin-model"
 TRACEBACK = "Traceback (most recent call last):"

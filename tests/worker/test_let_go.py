@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from workers.openai import let_go
+from engine import let_go
 
 
 def test_a_pause_lets_other_callbacks_run_for_a_large_request_only() -> None:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import ast
 import io
 
-from workers.openai import core
-
+from app import core
 from tests.worker.helpers import WORKER_DIR
 
 

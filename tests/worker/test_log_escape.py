@@ -1,4 +1,4 @@
-"""Nothing a caller sends is written into the worker's log raw (workers/openai/log_escape.py).
+"""Nothing a caller sends is written into the worker's log raw (logs/log_escape.py).
 
 The rule on the host (escapes, bounds, the SDK's wordings, tracebacks), then the real SDK: one
 secured worker, every per-request line kept (BAKERY_LOG_REQUESTS=true) and sessions on, gets
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from workers.openai import log_escape
 
+from logs import log_escape
 from tests.worker.helpers import HERE, SDK_READY, Harness, SigningKey, make_signing_key, secured, send
 
 # What a caller puts in every value: each would start a forged line, clear a terminal, or reorder text.

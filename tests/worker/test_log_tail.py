@@ -13,15 +13,15 @@ import types
 from pathlib import Path
 
 import pytest
-from workers.openai import log_tail
-from workers.openai.guards import GuardError
 
+from logs import log_tail
+from policy.guards import GuardError
 from tests.worker.helpers import probe_facts
 
 PROBE = r"""
 import asyncio, inspect, json, sys, tempfile
 from anyio import open_file
-from workers.openai import log_tail
+from logs import log_tail
 
 CHUNKS = [b"first line\n", b"half a li", b"ne\n", b"caf\xc3\xa9 \xff\xfe bad bytes\n", b"crlf\r\n", b"no newline yet"]
 

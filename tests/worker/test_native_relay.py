@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workers.openai import native_relay
 
 from bakery.host.relay import sanitized_relay
+from engine import native_relay
 from tests.worker.helpers import relay_program_path
 
 START, ABORT, DONE = struct.Struct("<cIII"), struct.Struct("<cI"), struct.Struct("<IHHQ")

@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     from vastai.serverless.server.lib.backend import Backend
     from vastai.serverless.server.lib.data_types import JsonDataException
     from aiohttp import web
-    from workers.openai import own_handler
+    from control import own_handler
 
     class ModelMetrics:
         wait_time = 0.0

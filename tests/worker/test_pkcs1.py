@@ -1,4 +1,4 @@
-"""workers/openai/pkcs1.py gives pycryptodome's verdict on every signature (tests/worker/pkcs1_probe.py
+"""policy/pkcs1.py gives pycryptodome's verdict on every signature (tests/worker/pkcs1_probe.py
 compares the two in the worker venv): it may refuse a forged signature without the SDK's check only
 because it refuses exactly what that check refuses."""
 

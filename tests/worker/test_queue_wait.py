@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import queue_wait
-from workers.openai.queue_wait import Working
 
+from control import queue_wait
+from control.queue_wait import Working
 from tests.worker.helpers import WORKER_DIR
 
 
@@ -126,7 +126,7 @@ REAL_SDK = textwrap.dedent("""
     import vastai  # noqa: F401 (loads the serverless worker, as run() does)
     from vastai.serverless.server.lib.data_types import ModelMetrics, RequestMetrics
     from vastai.serverless.server.lib.metrics import Metrics
-    from workers.openai import queue_wait
+    from control import queue_wait
 
     sdk_wait_time = ModelMetrics.wait_time.fget
     metrics = Metrics()

@@ -1,4 +1,4 @@
-"""The reference rules without the SDK (workers/openai/references.py, uploads.check_reference).
+"""The reference rules without the SDK (policy/references.py, uploads.check_reference).
 
 Fast: the address classifier, the URL syntax that two parsers could read apart, where references
 are found in a payload and how they are named, resolution (with a resolver made here: a name's
@@ -15,11 +15,11 @@ import json
 import time
 
 import pytest
-from workers.openai import references
-from workers.openai.references import Policy, Refused
-from workers.openai.uploads import UploadError, UploadLimits, check_reference
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from config.uploads import UploadError, UploadLimits, check_reference
+from policy import references
+from policy.references import Policy, Refused
 
 
 @pytest.mark.parametrize(("address", "kind"), [

@@ -1,4 +1,4 @@
-"""No internal address through a reference, through the real SDK (workers/openai/references.py).
+"""No internal address through a reference, through the real SDK (policy/references.py).
 
 One secured worker (signatures checked) serves the routes that carry references, in front of the
 vLLM stand-in recording what it receives (STANDIN_RECORD): a refused reference must be a 422 naming

@@ -17,8 +17,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from workers.openai import report_soon
-from workers.openai.guards import GuardError
+
+from control import report_soon
+from policy.guards import GuardError
 
 
 @dataclass

@@ -18,11 +18,11 @@ import types
 from pathlib import Path
 
 import pytest
-from workers.openai import core
-from workers.vllm.worker import DEFAULTS as VLLM
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from app import core
 from tests.worker.helpers import SDK_READY, WORKER_DIR, Harness, post_enveloped
+from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
             "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
@@ -196,7 +196,7 @@ def test_quiet_requests_makes_no_record_for_a_dropped_line(monkeypatch: pytest.M
 
 QUIET_ACCESS_PROBE = """
 import logging, sys, types
-from workers.openai import core
+from app import core
 seen = []
 class Keep(logging.Handler):
     def emit(self, record):

@@ -1,5 +1,5 @@
 """OPENAI_ROUTES, BENCHMARK_ROUTE, the handler specs and the benchmark requests
-(workers/openai/routes.py), no SDK needed."""
+(config/routes.py), no SDK needed."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import wave
 import zlib
 
 import pytest
-from workers.openai import routes, uploads
-from workers.openai.routes import RouteConfigError
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from config import routes, uploads
+from config.routes import RouteConfigError
 
 WORDS = ["alpha", "beta", "gamma", "delta"]
 ALL = ",".join(routes.ROUTES)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import core, routes
 
+from app import core
+from config import routes
 from tests.worker.helpers import SDK_READY, Harness, Proc, SigningKey, make_signing_key, post_enveloped
 
 pytestmark = pytest.mark.slow

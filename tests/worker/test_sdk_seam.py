@@ -1,8 +1,8 @@
-"""The one seam to the SDK (workers/openai/sdk_seam.py): its hook table holds on the locked SDK, a
+"""The one seam to the SDK (control/sdk_seam.py): its hook table holds on the locked SDK, a
 missing hook stops the worker with exit 4 naming it, and no other worker module names an SDK private.
 
-The rule for "names an SDK private", checked on the source of every module under worker/workers/ but
-sdk_seam.py:
+The rule for "names an SDK private", checked on the source of every module under worker/ but
+sdk_seam.py (boot/ aside: PID 1 imports no SDK):
 - an attribute access `x._name` (a name matching `^_[A-Za-z]`, so not a dunder) is allowed only when
   the receiver is `self` or `cls`, or a standard-library module the file imports (`os._exit`), or
   when bakery's worker code itself defines `_name` (a module-level or class-level name, or an
@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import sdk_seam
 
+from control import sdk_seam
 from tests.worker.helpers import WORKER_DIR, free_port_pair
 
-WORKERS = WORKER_DIR / "workers"
-SEAM = WORKERS / "openai" / "sdk_seam.py"
+SEAM = WORKER_DIR / "control" / "sdk_seam.py"
 PRIVATE = re.compile(r"^_[A-Za-z]")
 MANGLED = re.compile(r"^_[A-Za-z][A-Za-z0-9]*__[A-Za-z0-9_]+$")
 HOOK_PRIVATES = {part for h in sdk_seam.HOOKS for part in h.attr.split(".") if PRIVATE.match(part)}
@@ -75,7 +74,8 @@ def private_uses(tree: ast.AST, allowed: set[str]) -> list[str]:
 
 
 def worker_modules() -> dict[Path, ast.AST]:
-    return {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(WORKERS.rglob("*.py"))}
+    return {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(WORKER_DIR.rglob("*.py"))
+            if path.relative_to(WORKER_DIR).parts[0] != "boot"}
 
 
 def test_only_the_seam_names_an_sdk_private() -> None:
@@ -131,8 +131,10 @@ def run_in_worker(worker_python: Path, code: str, port: int, tmp: Path) -> subpr
 MAKE_WORKER = """
 import json, sys, vastai
 from workers.llama.worker import DEFAULTS
-from workers.openai import config, core, sdk_seam
-settings = core.load_settings(DEFAULTS, config.snapshot())
+from app import core
+from config import table
+from control import sdk_seam
+settings = core.load_settings(DEFAULTS, table.snapshot())
 sdk_config, _ = core.build_worker_config(settings, vastai, ["word"])
 worker = vastai.Worker(sdk_config)
 """
@@ -177,7 +179,7 @@ def test_a_missing_hook_stops_the_worker_with_exit_4_naming_it(key: str, worker_
 import importlib, vastai
 delattr({target}, {attr!r})
 from workers.llama.worker import DEFAULTS
-from workers.openai import core
+from app import core
 core.run(DEFAULTS)
 """
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,9 +193,9 @@ core.run(DEFAULTS)
 
 
 def test_the_front_imports_nothing_of_the_sdk() -> None:
-    """front.py (bakery's HTTP policy) takes what it needs as values and callables: no SDK module, not
+    """policy/rules.py (bakery's HTTP policy) takes what it needs as values and callables: no SDK module, not
     even through the seam, and no SDK module's name."""
-    tree = ast.parse((WORKERS / "openai" / "front.py").read_text(encoding="utf-8"))
+    tree = ast.parse((WORKER_DIR / "policy" / "rules.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__" for name in imported), imported

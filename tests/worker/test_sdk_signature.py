@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from workers.openai import core
 
+from app import core
 from tests.worker.helpers import WORKER_DIR
 
 
@@ -122,7 +122,7 @@ REAL_SDK = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import vastai  # noqa: F401 (loads the serverless worker, as run() does)
     from vastai.serverless.server.lib.data_types import AuthData, JsonDataException
-    from workers.openai import core
+    from app import core
 
     FULL = {"cost": "8", "endpoint": "e", "reqnum": 3, "request_idx": 3, "signature": "s", "url": "/v1/completions"}
     CASES = [FULL, {**FULL, "extra": 1}, {k: v for k, v in FULL.items() if k != "url"}, {"cost": "8"}, {},

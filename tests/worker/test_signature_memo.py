@@ -1,4 +1,4 @@
-"""workers/openai/signature_memo.py on the real SDK: a pair the SDK's check accepted under a key is
+"""policy/signature_memo.py on the real SDK: a pair the SDK's check accepted under a key is
 accepted again without the RSA step, a forged one is refused by pkcs1.py without the SDK's check,
 and nothing else changes (tests/worker/signature_memo_probe.py
 builds the Worker as core.run() does and counts the SDK's own RSA verifications)."""
@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import sdk_seam, signature_memo
 
+from control import sdk_seam
+from policy import signature_memo
 from tests.worker.helpers import HERE, probe_facts
 
 

@@ -1,5 +1,5 @@
 """Signed first, on the real SDK: an envelope not signed for this worker is refused before anything
-parses its payload, decodes an upload or builds a multipart body (worker/workers/openai/signed_first.py).
+parses its payload, decodes an upload or builds a multipart body (worker/policy/signed_first.py).
 
 One secured worker serves the completion routes and /v1/images/edits in front of the recording vLLM
 stand-in; REPORT_ADDR is a local report server holding the platform's public key. The order shows

@@ -19,7 +19,7 @@ from tests.worker.helpers import WORKER_DIR
 
 PROBE = r"""
 import json, sys
-from workers.openai import signed_first
+from policy import signed_first
 bodies = [text.encode("latin-1") for text in json.load(sys.stdin)]
 diffs, answered = [], 0
 for body in bodies:

@@ -1,4 +1,4 @@
-"""signed_first.read judges an envelope as front.envelope_error judges the parsed body: the same 422
+"""signed_first.read judges an envelope as rules.envelope_error judges the parsed body: the same 422
 message, or none, for every shape, without parsing the payload. Run in the worker venv (msgspec)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.worker.helpers import WORKER_DIR
 
 PROBE = r"""
 import json, sys
-from workers.openai import front, signed_first
+from policy import rules, signed_first
 GOOD = {"cost": "8", "endpoint": "e", "reqnum": 1, "request_idx": 2, "signature": "sig", "url": "http://x"}
 VALUES = [1, -5, 2**63, -(2**63) - 1, 2**63 - 1, 10**30, 1.0, 1e5, True, False, None, "s", "", [], [1], {}, {"a": 1},
           "x" * 20000]
@@ -27,7 +27,7 @@ bodies += [{"payload": {}}, {"auth_data": GOOD}, {}, [], [GOOD], 5, None, "x", T
 diffs = []
 for body in bodies:
     found = signed_first.read(json.dumps(body).encode(), None)
-    want = front.envelope_error(body)
+    want = rules.envelope_error(body)
     if found.problem != want:
         diffs.append([json.dumps(body)[:200], want, found.problem])
     elif want is None:
@@ -56,7 +56,7 @@ def test_an_unreadable_or_foreign_text_is_judged_without_a_parse(worker_python: 
     auth_data, a url too long to be this worker's (not signed: checkable is False), UTF-16 declared."""
     code = r"""
 import json
-from workers.openai import signed_first
+from policy import signed_first
 GOOD = {"cost": "8", "endpoint": "e", "reqnum": 1, "request_idx": 2, "signature": "sig", "url": "http://x"}
 read = signed_first.read
 print(json.dumps([
@@ -83,7 +83,7 @@ print(json.dumps([
 
 SESSION_PROBE = r"""
 import json
-from workers.openai import front, signed_first
+from policy import rules, signed_first
 GOOD = {"cost": 8, "endpoint": "e", "reqnum": 1, "request_idx": 2, "signature": "sig", "url": "http://x"}
 VALUES = [1, -5, 2**63, 1.0, True, None, "s", "", [], {}, {"a": 1}, "x" * 20000]
 
@@ -91,12 +91,12 @@ VALUES = [1, -5, 2**63, 1.0, True, None, "s", "", [], {}, {"a": 1}, "x" * 20000]
 def parsed_judgement(body, key):
     # What the auth object is refused for, judged on the parsed body (front's rules).
     if not isinstance(body, dict):
-        return front.NOT_AN_OBJECT
+        return rules.NOT_AN_OBJECT
     if key not in body:
         return f"{key} is missing"
     if not isinstance(body[key], dict):
         return f"{key} must be a JSON object"
-    return front.auth_error(body[key], key)
+    return rules.auth_error(body[key], key)
 
 
 diffs, compared = [], 0

@@ -1,4 +1,4 @@
-"""The stage lines (workers/openai/stages.py): on lines given by hand, the entry point's watch of a
+"""The stage lines (logs/stages.py): on lines given by hand, the entry point's watch of a
 log written in steps, and the worker's own stages with the real SDK in front of the vLLM stand-in."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from workers.openai import stages as worker_stages
-
+from logs import stages as worker_stages
 from tests.image import stages
 from tests.worker.helpers import Harness
 
@@ -142,7 +141,7 @@ def test_a_bad_stage_variable_is_the_workers_warning() -> None:
 
 def test_a_watcher_that_raises_never_ends_the_log_tail() -> None:
     # The watchers run inside the SDK's tail loop, which must keep reading the load and error lines.
-    from workers.openai import serving
+    from app import serving
 
     seen: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Uploads in the JSON envelope -> multipart parts, and every refusal (workers/openai/uploads.py).
+"""Uploads in the JSON envelope -> multipart parts, and every refusal (config/uploads.py).
 
 Pure functions, no SDK: each refusal is an UploadError naming the field, which the SDK payload
 class turns into a 422 (tests/worker/test_routes_sdk.py proves that part on the real SDK).
@@ -10,10 +10,10 @@ import base64
 import json
 
 import pytest
-from workers.openai import uploads
-from workers.openai.uploads import UploadError, UploadLimits
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from config import uploads
+from config.uploads import UploadError, UploadLimits
 
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt "
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20

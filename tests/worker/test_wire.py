@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.openai import wire
 
+from front import wire
 from tests.worker.helpers import (
     SDK_READY,
     Harness,

@@ -1,4 +1,4 @@
-"""One workload unit for every route (workers/openai/workload.py): one test per rule, no SDK needed.
+"""One workload unit for every route (config/workload.py): one test per rule, no SDK needed.
 
 The unit is one benchmark request, reported as BENCHMARK_MAX_TOKENS (ONE below), clamped to
 [0.1, 8] of it. The SDK divides every route's in-flight work by the benchmarked route's throughput
@@ -13,10 +13,10 @@ import math
 import wave
 
 import pytest
-from workers.openai import routes, uploads, workload
-from workers.openai.workload import References
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
+from config import routes, uploads, workload
+from config.workload import References
 
 REFS = References(max_tokens=500, embed_chars=600)
 ONE = 500.0

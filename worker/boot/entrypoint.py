@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # supervise.py, also w
 import supervise
 
 RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
-READY_MARK = "worker-ready"  # the worker's readiness for health.py (workers/openai/ready_mark.py)
+READY_MARK = "worker-ready"  # the worker's readiness for health.py (control/ready_mark.py)
 WORKER_DIR = Path(__file__).resolve().parent.parent
 TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,7 +48,7 @@ TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # needs no table of engines, and BACKEND=<an alias> still runs the image's own engine program.
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 GENERIC_WORKER = "workers/openai/generic.py"  # what an engine without an adapter of its own runs
-DEFAULT_DRAIN = 8.0  # workers/openai/drain.py's default, for a caller that does not pass one
+DEFAULT_DRAIN = 8.0  # policy/drain.py's default, for a caller that does not pass one
 WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before it is killed
 ENGINE_STOP_SECONDS = 30.0  # from the engine's SIGTERM to its SIGKILL
 
@@ -175,24 +175,24 @@ def _worker_path() -> None:
 
 def seconds(name: str) -> float:
     """A number-of-seconds variable the entry point shares with the worker (BAKERY_DRAIN_TIMEOUT, the
-    worker's stop must cover it; BAKERY_EXIT_GRACE), read by its row and rule in workers/openai/config.py."""
+    worker's stop must cover it; BAKERY_EXIT_GRACE), read by its row and rule in config/table.py."""
     _worker_path()
-    from workers.openai import config
+    from config import table
 
     errors: list[str] = []
-    value = config.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
+    value = table.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
     if errors:
         raise BootError(errors[0])
     return value
 
 
 def watch_stages(log: Path) -> None:
-    """Stamp the engine's load stages as its log shows them (workers/openai/stages.py), from before it
+    """Stamp the engine's load stages as its log shows them (logs/stages.py), from before it
     starts: the worker may start after the engine has loaded, and its start must not pass for the
     engine's. Lines go to the container's log; a failure here never stops the boot."""
     try:
         _worker_path()
-        from workers.openai import stages
+        from logs import stages
 
         stages.start_watch(log, os.environ, say)
     except Exception as exc:  # noqa: BLE001 - a report, not a reason to stop the boot

@@ -2,7 +2,7 @@
 
 - SERVERLESS=true (engine + worker): ready when the worker's ready mark exists, i.e. the model is
   loaded and the worker is not errored, the state its status reports give the platform
-  (workers/openai/ready_mark.py keeps `<BAKERY_RUN_DIR>/worker-ready`; the entry point removes it at
+  (control/ready_mark.py keeps `<BAKERY_RUN_DIR>/worker-ready`; the entry point removes it at
   every boot). Port 3000 is not asked: it answers only what the platform signed.
 - otherwise (engine only): ready when the engine's health endpoint (MODEL_HEALTH_ENDPOINT against
   MODEL_SERVER_URL, as the worker resolves it) answers 200 within TIMEOUT.
@@ -23,16 +23,16 @@ from urllib.parse import urljoin, urlsplit
 WORKER_DIR = Path(__file__).resolve().parent.parent
 TIMEOUT = 4.0  # seconds for the engine's answer: below the HEALTHCHECK's own --timeout
 TRUE_WORDS = ("true", "1", "yes")  # as the entry point reads SERVERLESS (it refuses anything else at boot)
-MARK = "worker-ready"  # workers/openai/ready_mark.MARK
+MARK = "worker-ready"  # control/ready_mark.MARK
 
 
 def _setting(name: str) -> str | None:
-    """A variable's text as the worker reads it (workers/openai/config.py: stripped, blank is unset)."""
+    """A variable's text as the worker reads it (config/table.py: stripped, blank is unset)."""
     if str(WORKER_DIR) not in sys.path:
         sys.path.insert(0, str(WORKER_DIR))
-    from workers.openai import config
+    from config import table
 
-    return config.text(os.environ, name)
+    return table.text(os.environ, name)
 
 
 def engine_health_url() -> str:

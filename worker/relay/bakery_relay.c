@@ -5,7 +5,7 @@
  * data_received, bakery's chunk check, transport.write): ~5-7 us an event over the kernel's own
  * recv and send. This helper does the same two system calls from one epoll loop in C.
  *
- * How: the worker (workers/openai/native_relay.py) starts it with one end of a SOCK_SEQPACKET
+ * How: the worker (engine/native_relay.py) starts it with one end of a SOCK_SEQPACKET
  * socketpair as its only argument. Once an answer's head is in (and whatever came with it written to
  * the client), the worker sends a start message with the client's and the engine's sockets
  * (SCM_RIGHTS; the kernel hands this process its own descriptors of them) and, when the client has

@@ -1,0 +1,1 @@
+"""What BACKEND runs: workers/<engine>/worker.py states an engine's defaults and calls app.core.run."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from workers.openai import config
-from workers.openai.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, line_out, parse_lines, run
+from app.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, line_out, parse_lines, run
+from config import table
 
 REQUIRED = ("BAKERY_ENGINE_PROGRAM", "MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
 EXIT_CONFIG = 2
@@ -24,7 +24,7 @@ class MissingBake(Exception):
 
 
 def _get(env: Mapping[str, str], name: str) -> str:
-    return config.text(env, name) or ""
+    return table.text(env, name) or ""
 
 
 def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
@@ -48,7 +48,7 @@ def defaults_from_env(env: Mapping[str, str]) -> EngineDefaults:
 def main() -> None:
     """Run the shared core with the baked values as the engine's defaults."""
     try:
-        defaults = defaults_from_env(config.snapshot())
+        defaults = defaults_from_env(table.snapshot())
     except MissingBake as exc:
         line_out(sys.stderr, f"bakery-worker: error: {exc}")
         raise SystemExit(EXIT_CONFIG) from None

@@ -4,7 +4,7 @@ It imports the vLLM defaults rather than copying them, so there is one definitio
 the banner names vllm and notes the alias.
 """
 
-from workers.openai.core import run
+from app.core import run
 from workers.vllm.worker import DEFAULTS
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """SGLang worker: SGLang's log file and log grammar over the shared OpenAI-compatible core."""
 
-from workers.openai.core import EngineDefaults, run
+from app.core import EngineDefaults, run
 
 DEFAULTS = EngineDefaults(
     engine="sglang",

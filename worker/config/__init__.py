@@ -1,0 +1,2 @@
+"""The worker's configuration: the table of every variable it reads (table.py), the routes it can
+serve (routes.py) and what a request weighs (workload.py, uploads.py). Standard library only."""

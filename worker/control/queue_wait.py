@@ -1,0 +1,156 @@
+"""The SDK's queue estimate, kept as requests come and go instead of summed on every request.
+
+vastai 1.9.1 checks each request against HandlerConfig.max_queue_time (bakery's 600 s) by reading
+`ModelMetrics.wait_time`, a property that sums the workload of every request in flight: O(N) per
+request, O(N^2) per burst (at 1024 requests in flight ~4 % of a request's CPU in a py-spy profile,
+BENCHMARKS.md). Here the metrics' `requests_working` (the SDK's dict of requests in flight, which
+its request start and end set and pop) is a dict of the same items that keeps the sum of their
+workloads as entries come and go, exactly (an integer count of 2**-1074, of which every float is a
+whole number), and `wait_time` reads that sum: the exact sum, correctly rounded, where the SDK's
+left-to-right float sum may differ from it in the last bits. A non-finite workload in flight, or a
+dict this module did not make, is summed the SDK's way. The hooks are sdk_seam's "requests_working"
+and "wait_time".
+
+Imports only the standard library (and sdk_seam).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from control import sdk_seam
+
+MIN_THROUGHPUT = 0.00001  # the SDK's floor under the measured throughput (vastai 1.9.1's wait_time)
+SCALE = 1 << 1074  # UNIT = 1 / SCALE = 2**-1074, the smallest float: every finite float is a whole number of them
+_MISSING = object()  # pop() without a default
+
+
+class Working(dict):
+    """The SDK's requests in flight (reqnum -> RequestMetrics) with the sum of their workloads kept:
+    each entry's workload as it was added, in units of 2**-1074 (every finite float is a whole number
+    of them, so the integer sum is exact; a session counts 0, as the SDK's sum skips sessions)."""
+
+    def __init__(self, items: Iterable[tuple[Any, Any]] = ()) -> None:
+        super().__init__()
+        self.units = 0  # the exact sum of the workloads, in UNIT
+        self.added: dict[Any, int | None] = {}  # each entry's share, None when not a finite number
+        self.unsummable = 0  # entries whose workload is not a finite number: summed the SDK's way then
+        for key, request in dict(items).items():
+            self[key] = request
+
+    def __setitem__(self, key: Any, request: Any) -> None:
+        if key in self:
+            self._forget(key)
+        super().__setitem__(key, request)
+        share = units(request)
+        if share is None:
+            self.unsummable += 1
+        else:
+            self.units += share
+        self.added[key] = share
+
+    def _forget(self, key: Any) -> None:
+        share = self.added.pop(key)
+        if share is None:
+            self.unsummable -= 1
+        else:
+            self.units -= share
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self._forget(key)
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        if key not in self:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        request = super().pop(key)
+        self._forget(key)
+        return request
+
+    def popitem(self) -> tuple[Any, Any]:
+        key, request = super().popitem()
+        self._forget(key)
+        return key, request
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, request in dict(*args, **kwargs).items():
+            self[key] = request
+
+    def __ior__(self, other: Any) -> Working:
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        super().clear()
+        self.added.clear()
+        self.units = 0
+        self.unsummable = 0
+
+    def total(self) -> float | None:
+        """The workloads' sum, correctly rounded (int / int is); None when one is not a finite number."""
+        if self.unsummable:
+            return None
+        try:
+            return self.units / SCALE
+        except OverflowError:  # beyond a float: let the SDK's own sum say so
+            return None
+
+
+def units(request: Any) -> int | None:
+    """What `request` adds to the estimate, in UNIT: its workload, 0 for a session, None if its
+    workload is not a finite number."""
+    if getattr(request, "is_session", False):
+        return 0
+    workload = getattr(request, "workload", None)
+    if type(workload) is not float:
+        if not isinstance(workload, (int, float)) or isinstance(workload, bool):
+            return None
+        workload = float(workload)
+    if not math.isfinite(workload):
+        return None
+    numerator, denominator = workload.as_integer_ratio()  # the denominator is a power of two <= SCALE
+    return numerator * (SCALE // denominator)
+
+
+def estimate(original: Callable[[Any], float]) -> Callable[[Any], float]:
+    """A `wait_time` getter that reads a Working's sum and falls back to `original` otherwise."""
+    def wait_time(metrics: Any) -> float:
+        working = metrics.requests_working
+        if type(working) is Working:
+            if not working:
+                return 0.0
+            total = working.total()
+            if total is not None:
+                return total / max(metrics.max_throughput, MIN_THROUGHPUT)
+        return original(metrics)
+
+    wait_time.bakery_kept = True  # type: ignore[attr-defined]
+    wait_time.original = original  # type: ignore[attr-defined]
+    return wait_time
+
+
+def install(metrics: Any) -> bool:
+    """Keep the queue estimate of the SDK Metrics `metrics` as requests come and go. False, touching
+    nothing, when either hook is gone (a changed SDK: its own sum is used)."""
+    who = "queue_wait"
+    try:
+        prop = sdk_seam.module_hook("wait_time", who)[1]
+        working = sdk_seam.find(metrics, "requests_working", who)
+    except sdk_seam.GuardError:
+        return False
+    if not isinstance(prop, property) or prop.fget is None or not isinstance(working, dict):
+        return False
+    if not getattr(prop.fget, "bakery_kept", False):
+        sdk_seam.replace_in_module("wait_time", who, property(estimate(prop.fget)))
+    if type(working) is not Working:
+        sdk_seam.put(metrics, "requests_working", Working(working.items()))
+    return True

@@ -1,0 +1,79 @@
+"""The worker's readiness as a file, for the image's Docker HEALTHCHECK (worker/boot/health.py).
+
+Docker's health check runs a command inside the container; port 3000 answers only what the platform
+signed, so the check cannot ask the worker there. Instead a startup task looks at the SDK's loaded flag
+and error message every POLL seconds and keeps `<BAKERY_RUN_DIR>/worker-ready` in step: present while
+the model is loaded and the worker is not errored (the state the status reports give the platform),
+absent otherwise. It is written whole (a temporary file renamed over it) and only when the state
+changes. The entry point removes it at every boot, so a mark from an earlier boot never counts.
+
+A run directory that cannot be written costs the health check, not the worker: one warning, and the
+worker serves on.
+
+This module imports only the standard library at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from control import sdk_seam
+
+POLL = 1.0  # seconds between looks at the loaded flag: Docker's own interval is 15 s
+MARK = "worker-ready"
+WHO = "ready_mark.py"
+
+log = logging.getLogger("bakery.ready_mark")
+
+
+def mark_path(run_dir: str) -> Path:
+    """Where the ready mark lives under `run_dir` (BAKERY_RUN_DIR)."""
+    return Path(run_dir) / MARK
+
+
+def set_mark(path: Path, ready: bool) -> None:
+    """Make the mark say `ready`: written whole by a rename, or removed. Raises OSError."""
+    if not ready:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_text("ready\n", encoding="utf-8")
+    os.replace(part, path)
+
+
+def install(ctx: Any, run_dir: str) -> None:
+    """Start, with the server, the task that keeps `<run_dir>/worker-ready` in step with readiness."""
+    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
+    for key in ("model_is_loaded", "error_msg"):
+        sdk_seam.find(metrics, key, WHO)
+    path = mark_path(run_dir)
+    tasks: list[asyncio.Task[None]] = []
+
+    def ready() -> bool:  # the SDK marks an errored worker "loaded" too
+        return bool(metrics.system_metrics.model_is_loaded) and not metrics.model_metrics.error_msg
+
+    async def keep() -> None:
+        shown: bool | None = None
+        while True:
+            now = ready()
+            if now != shown:
+                try:
+                    set_mark(path, now)
+                except OSError as exc:
+                    log.warning("the ready mark %s cannot be kept (%s): the image's health check will "
+                                "not see this worker ready; set BAKERY_RUN_DIR to a writable directory",
+                                path, exc.strerror or type(exc).__name__)
+                    return
+                shown = now
+            await asyncio.sleep(POLL)
+
+    async def start(_app: Any) -> None:
+        if not tasks:  # on_startup runs for each of the SDK's two apps: one task is enough
+            tasks.append(asyncio.get_running_loop().create_task(keep()))
+
+    ctx.on_startup.append(start)

@@ -1,0 +1,407 @@
+"""The one place the worker touches the vastai SDK's internals: a table of hooks, and how they are used.
+
+bakery's guards, drain, fast report, log tail and response closer change what the SDK's server does
+at points the SDK offers no API for: name-mangled methods of its Backend and Metrics, the `web` name
+its server module builds its apps with, its backend module's `open_file`, and three points of the
+aiohttp under it (a listener's protocol factory and connections, a request's read). Each such point is one row
+of HOOKS (what it is, what the worker does with it, why, the SDK version it was checked against),
+and this module is the only one under worker/workers/ that names a private SDK attribute
+(tests/worker/test_sdk_seam.py checks the source of the others). The others go through the functions
+here: `find` (the hook's value, or GuardError naming who needs it), `wrap` / `put` / `get` /
+`put`, and a few named helpers (`check_signature`, `set_engine_session`, `install_web`, ...).
+
+`missing(worker)` checks every required hook against a real Worker at start; core.run() exits 4 naming
+what is gone instead of running unguarded (and so does each installer, for the hooks it needs, when a
+guard is installed on its own). Every hook is pinned against the locked SDK by
+tests/worker/test_guard_hooks.py and test_sdk_seam.py.
+
+This module imports only the standard library at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SDK_VERSION = "1.9.1"  # the vastai release every hook was checked against (worker/requirements.txt)
+SERVER_MODULE = "vastai.serverless.server.lib.server"
+BACKEND_MODULE = "vastai.serverless.server.lib.backend"
+METRICS_MODULE = "vastai.serverless.server.lib.metrics"
+DATA_TYPES_MODULE = "vastai.serverless.server.lib.data_types"
+WORKER_MODULE = "vastai.serverless.server.worker"
+SEAM_FILE = "worker/control/sdk_seam.py"
+
+
+class GuardError(Exception):
+    """A guard (or a serving part) cannot be installed: an unknown name, or an SDK hook that is gone."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One SDK point the worker relies on.
+
+    `owner` is "Backend" or "Metrics" (an attribute of the Worker's instance, `attr` may be dotted)
+    or a module's dotted name; `use` what the worker does with it (wrap: replaces it with a function
+    that calls it; replace: sets its own; call / read / set); `users` the guards and modules that need
+    it; `required` False when a missing hook only costs a speed-up or a count (a warning at start).
+    """
+
+    key: str
+    owner: str
+    attr: str
+    use: str
+    users: tuple[str, ...]
+    why: str
+    required: bool = True
+    checked: str = SDK_VERSION
+
+    @property
+    def where(self) -> str:
+        return f"{self.owner}.{self.attr}"
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
+         ("signature_memo", "own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
+         "the SDK's per-request signature check: signature_memo accepts a pair it accepted under the same "
+         "key without the RSA step and refuses one pkcs1.py finds invalid before it, own_url adds the URL "
+         "check, pubkey_retry counts failures "
+         "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
+         "sessions calls it for /session/*, envelope before the payload is parsed"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
+         ("forward", "limits", "engine_close", "references"),
+         "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
+         "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
+         "request ends (engine_close), a signed request's references checked first (references)"),
+    Hook("engine_session", "Backend", "session", "set", ("limits", "late_errors"),
+         "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
+         "the instance's __dict__ before the SDK's first use; late_errors probes the engine's health on it"),
+    Hook("healthcheck_url", "Backend", "healthcheck_url", "read", ("late_errors",),
+         "the engine's health URL (MODEL_HEALTH_ENDPOINT, resolved): probed when a late error line comes"),
+    Hook("fetch_pubkey", "Backend", "_fetch_pubkey", "replace", ("pubkey_retry",),
+         "the SDK's 5-try key fetch, replaced by one with backoff that does not give up, then re-fetches "
+         "the key for the worker's lifetime (key_rotation.py)"),
+    Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
+         "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
+    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url", "signature_memo"),
+         "the platform's public key the SDK checks signatures with: set (and replaced when it rotates) by "
+         "pubkey_retry, read by outcomes and signature_memo (an accepted pair holds for its key only)"),
+    Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes",
+                                                       "signature_memo"),
+         "the SDK's reading of UNSECURED, checked to be the worker's"),
+    Hook("reqnum", "Backend", "reqnum", "set", ("signature_memo",),
+         "the highest reqnum the SDK accepted a signature for (its check's one side effect): set as the "
+         "check sets it when signature_memo accepts a pair it knows"),
+    Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes",
+                                                   "late_errors", "envelope", "ready_mark"),
+         "the Backend's Metrics (status reports, request outcomes)"),
+    Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
+    Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read",
+         ("not_ready", "report_soon", "late_errors", "ready_mark"),
+         "set once the benchmark ran: 503 before it, the loaded report right after it, the ready mark"),
+    Hook("error_msg", "Metrics", "model_metrics.error_msg", "read", ("late_errors", "ready_mark"),
+         "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
+    Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
+         "marks the model loaded: held back until the public key is there"),
+    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope", "own_handler"),
+         "queues a refused request's outcome: a forged one counts no load (envelope reports its early 401)"),
+    Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
+         "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
+    Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
+         "sends a status report: the loaded one goes at once, not at the SDK's next 10 s tick "
+         "(report_soon); what a request adds while it is on its way is kept (report_keep)"),
+    Hook("model_metrics", "Metrics", "model_metrics", "read", ("report_keep",),
+         "the counters a status report is built from"),
+    Hook("model_metrics_reset", "Metrics", "model_metrics.reset", "wrap", ("report_keep",),
+         "zeroes the counters after a report went through, wiping what arrived during its POST: "
+         "report_keep keeps that part"),
+    Hook("update_pending", "Metrics", "update_pending", "set", ("report_soon", "late_errors"),
+         "asks the SDK's loop for a report at its next tick (when the immediate one did not go; when an "
+         "error line counted)"),
+    Hook("backend_errored", "Backend", "backend_errored", "wrap", ("late_errors",),
+         "marks the worker errored for good (error_msg), called for each error log line at any time: "
+         "after load a line counts only if the engine's health fails too (late_errors)"),
+    Hook("last_metric_update", "Metrics", "last_metric_update", "read", ("report_soon",),
+         "stamped by a report that went through"),
+    Hook("web", SERVER_MODULE, "web", "replace", ("own_url", "sessions", "self_update", "limits", "not_ready",
+                                                  "envelope", "http_listener", "outcomes", "drain"),
+         "the aiohttp.web the SDK builds its apps with: a shim adds bakery's middlewares, body limit, header "
+         "timeout, startup hooks and the second listener's host"),
+    Hook("open_file", BACKEND_MODULE, "open_file", "replace", ("log_tail",),
+         "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
+    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
+         "the envelope type the signature check takes"),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope", "own_handler"),
+         "a request's outcome, for a refusal the SDK never saw"),
+    Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
+         "the SDK's handlers of each route, to count a refused request's workload", required=False),
+    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
+         "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
+         required=False),
+    Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "set", ("core",),
+         "its from_json_msg computes inspect.signature 7 times per request: given a __signature__ and a "
+         "from_json_msg with the same rules that asks for it once",
+         required=False),
+    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core", "own_handler"),
+         "what AuthData.from_json_msg raises for missing fields (the SDK answers it with a 422)",
+         required=False),
+    Hook("requests_working", "Metrics", "model_metrics.requests_working", "set", ("queue_wait",),
+         "the requests in flight by reqnum (the SDK's request start sets, its end pops): given at start a "
+         "dict of the same items that keeps the sum of their workloads", required=False),
+    Hook("wait_time", DATA_TYPES_MODULE, "ModelMetrics.wait_time", "set", ("queue_wait",),
+         "the queue estimate every request is checked against (max_queue_time), a sum over every request "
+         "in flight (O(N^2) per burst): replaced by a property that reads queue_wait's kept sum",
+         required=False),
+    Hook("handle_request", "Backend", "_Backend__handle_request", "replace", ("own_handler",),
+         "every route request's handling (parse, signature, queue check, engine call, outcome): replaced "
+         "for the routes that serve in parallel by own_handler.py's, the same steps in the request's own "
+         "task (the SDK runs the engine call in a task of its own); sessions and queued routes keep it",
+         required=False),
+    *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("own_handler",),
+           f"a request's outcome as the SDK's handler reports it ({why}): called by own_handler.py at the "
+           "same points", required=False) for step, why in (
+        ("start", "in flight, its workload pending"), ("success", "served"), ("errored", "the engine call "
+         "failed: 500"), ("canceled", "the client went away: 499"), ("end", "however it ended"))),
+    # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
+    *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
+        ("site_factory", "web_runner", "BaseRunner.server", "read",
+         "TCPSite.start hands its runner's `server` to loop.create_server as the protocol factory: the "
+         "shim gives WORKER_PORT's site a runner (FactoryRunner) whose `server` is admission's factory, "
+         "which answers a connection over the cap before aiohttp makes a protocol for it"),
+        ("server_connections", "web_server", "Server.connections", "read",
+         "the open connections of a listener (until each one's handler ends): the connection cap's count"),
+        ("request_read", "web_request", "BaseRequest.read", "replace",
+         "a chunked body's read, replaced on the request by one that reserves each chunk against the "
+         "byte bound before keeping it (aiohttp's text() and json(), which the SDK calls, read through it)"),
+    )),
+)
+BY_KEY: dict[str, Hook] = {hook.key: hook for hook in HOOKS}
+INSTANCE_OWNERS = ("Backend", "Metrics")
+
+
+def hook(key: str) -> Hook:
+    return BY_KEY[key]
+
+
+def _gone(hook_: Hook, who: str, detail: str = "") -> GuardError:
+    return GuardError(f"{who}: the SDK has no {hook_.where} any more{detail} (vastai changed; checked against "
+                      f"vastai {hook_.checked}): update the hook {hook_.key!r} in {SEAM_FILE}")
+
+
+def _lookup(obj: Any, attr: str) -> Any:
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def find(obj: Any, key: str, who: str) -> Any:
+    """The hook `key` on `obj` (a Backend or its Metrics), or GuardError naming `who` and the hook."""
+    hook_ = BY_KEY[key]
+    try:
+        return _lookup(obj, hook_.attr)
+    except AttributeError:
+        raise _gone(hook_, who) from None
+
+
+def get(obj: Any, key: str) -> Any:
+    """The hook's current value on `obj`, unchecked (per request: check it once with find())."""
+    return getattr(obj, BY_KEY[key].attr)
+
+
+def put(obj: Any, key: str, value: Any) -> None:
+    """Set the hook on the instance `obj` (its own attribute: the class is not touched; a dotted
+    hook is set on the instance its path leads to)."""
+    *path, last = BY_KEY[key].attr.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+def wrap(obj: Any, key: str, who: str, make: Callable[[Any], Any]) -> Any:
+    """Replace the hook on `obj` by `make(current)`; returns what it replaced."""
+    inner = find(obj, key, who)
+    put(obj, key, make(inner))
+    return inner
+
+
+
+
+def module_hook(key: str, who: str) -> tuple[Any, Any]:
+    """(the SDK module, the hook's value in it), or GuardError naming `who`."""
+    hook_ = BY_KEY[key]
+    module = sys.modules.get(hook_.owner)
+    if module is None:
+        raise _gone(hook_, who, " (its module is not loaded)")
+    try:
+        return module, _lookup(module, hook_.attr)
+    except AttributeError:
+        raise _gone(hook_, who) from None
+
+
+def replace_in_module(key: str, who: str, value: Any) -> Any:
+    """Set the module hook `key` to `value` (a dotted hook: on the class its path leads to); returns
+    what it replaced."""
+    module, old = module_hook(key, who)
+    put(module, key, value)
+    return old
+
+
+
+
+# --------------------------------------------------------------------------- named uses
+
+
+def check_signature(backend: Any, auth_data: Any) -> bool:
+    """The signature check as a request meets it now (with every guard's layer)."""
+    return getattr(backend, BY_KEY["check_signature"].attr)(auth_data)
+
+
+def note_accepted_reqnum(backend: Any, reqnum: Any) -> None:
+    """What the SDK's check does with an accepted signature's reqnum (vastai 1.9.1: keeps the highest)."""
+    attr = BY_KEY["reqnum"].attr
+    setattr(backend, attr, max(reqnum, getattr(backend, attr)))
+
+
+
+
+def require_session_property(backend: Any, who: str) -> None:
+    """GuardError unless the Backend's `session` is still a cached_property (set_engine_session needs it)."""
+    if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
+        raise GuardError(f"{who}: the SDK's Backend.session is no longer a cached_property (vastai changed; "
+                         f"checked against vastai {SDK_VERSION}): update the hook 'engine_session' in {SEAM_FILE}")
+
+
+def backend_logger() -> logging.Logger:
+    """The logger of the SDK's per-request lines in its backend module (hook "request_loggers"), or
+    one of the same name's kind when the SDK changed (its lines are then always printed)."""
+    logger = getattr(sys.modules.get(BACKEND_MODULE), BY_KEY["request_loggers"].attr, None)
+    return logger if isinstance(logger, logging.Logger) else logging.getLogger(BACKEND_MODULE)
+
+
+def engine_session(backend: Any) -> Any:
+    """The Backend's engine session (the limits guard's, once the server started)."""
+    return backend.session
+
+
+def has_engine_session(backend: Any) -> bool:
+    return "session" in backend.__dict__
+
+
+def set_engine_session(backend: Any, session: Any) -> None:
+    """Make `session` the one the Backend's cached_property returns (before the SDK's first use)."""
+    backend.__dict__["session"] = session
+
+
+def real_web(who: str) -> Any:
+    """aiohttp.web as the SDK's server module holds it (under the shim, if one is installed)."""
+    module = sys.modules.get(SERVER_MODULE)
+    web = getattr(module, "web", None)
+    if web is None:
+        raise GuardError(f"{who}: the SDK module {SERVER_MODULE} (or its `web`) is gone (vastai changed; checked "
+                         f"against vastai {SDK_VERSION}): update the hook 'web' in {SEAM_FILE}")
+    return web._real if isinstance(web, WebShim) else web
+
+
+class WebShim:
+    """Stands for aiohttp.web in the SDK's server module: the same names, except that Application,
+    AppRunner and TCPSite also get what `parts` holds (the guards' Context: middlewares with their
+    ranks, app and runner arguments, startup hooks, a listener's host by port, the runner a site
+    listens through, the listen backlog)."""
+
+    def __init__(self, real: Any, parts: Any):
+        self._real = real
+        self._parts = parts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def Application(self, *args: Any, **kwargs: Any) -> Any:
+        parts = self._parts
+        kwargs.update(parts.app_kwargs)
+        own = [mw for _, mw in sorted(parts.middlewares, key=lambda item: item[0])]
+        kwargs["middlewares"] = [*own, *kwargs.get("middlewares", ())]
+        app = self._real.Application(*args, **kwargs)
+        for startup in parts.on_startup:
+            app.on_startup.append(startup)
+        return app
+
+    def AppRunner(self, app: Any, **kwargs: Any) -> Any:
+        return self._real.AppRunner(app, **{**self._parts.runner_kwargs, **kwargs})
+
+    def TCPSite(self, runner: Any, *args: Any, **kwargs: Any) -> Any:
+        host = self._parts.site_hosts.get(kwargs.get("port"))  # type: ignore[arg-type]
+        if host is not None:
+            kwargs["host"] = host
+        for wrap in getattr(self._parts, "site_runners", ()):  # admission's connection cap
+            runner = wrap(runner, kwargs.get("port"))
+        backlog = getattr(self._parts, "listen_backlog", 0)
+        if backlog and kwargs.get("port") != getattr(self._parts, "http_port", None):
+            kwargs.setdefault("backlog", backlog)
+        return self._real.TCPSite(runner, *args, **kwargs)
+
+
+def replace_request_read(request: Any, read: Callable[[], Any]) -> None:
+    """Make `read` the request's read() (hook "request_read"): every reader of its body calls it."""
+    setattr(request, BY_KEY["request_read"].attr.split(".")[-1], read)
+
+
+class FactoryRunner:
+    """Stands for an aiohttp AppRunner when a site is made on it (hook "site_factory"): the same
+    runner, except that its `server`, the protocol factory the site listens with, is
+    `factory(server)`. Everything else (the site's registration with its runner) is the runner's."""
+
+    def __init__(self, real: Any, factory: Callable[[Any], Any]) -> None:
+        self._real = real
+        self._factory = factory
+        self._made: tuple[Any, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    @property
+    def server(self) -> Any:
+        server = self._real.server
+        if server is None:
+            return None
+        if self._made is None or self._made[0] is not server:
+            self._made = (server, self._factory(server))
+        return self._made[1]
+
+
+def install_web(real: Any, parts: Any) -> None:
+    """Make the SDK's server module build its apps through a WebShim over `real` with `parts`."""
+    replace_in_module("web", "install", WebShim(real, parts))
+
+
+# --------------------------------------------------------------------------- checking at start
+
+
+def missing(worker: Any, required_only: bool = True) -> list[Hook]:
+    """The hooks of HOOKS that `worker` (a real SDK Worker, not yet run) and the loaded SDK modules lack."""
+    backend = getattr(worker, "backend", None)
+    owners = {"Backend": backend, "Metrics": getattr(backend, "metrics", None)}
+    gone = []
+    for hook_ in HOOKS:
+        if required_only and not hook_.required:
+            continue
+        if hook_.key == "engine_session":  # looked up on the class: reading it would open a session
+            if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
+                gone.append(hook_)
+            continue
+        obj = owners[hook_.owner] if hook_.owner in INSTANCE_OWNERS else sys.modules.get(hook_.owner)
+        try:
+            _lookup(obj, hook_.attr)
+        except AttributeError:
+            gone.append(hook_)
+    return gone
+
+
+def describe_missing(gone: list[Hook]) -> str:
+    """One line naming each missing hook and who needs it."""
+    items = "; ".join(f"{h.where} (hook {h.key!r}, used by {', '.join(h.users)})" for h in gone)
+    return (f"the SDK lacks what the worker hooks into: {items} (vastai changed; checked against vastai "
+            f"{SDK_VERSION}): update {SEAM_FILE}")

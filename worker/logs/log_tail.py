@@ -1,0 +1,79 @@
+"""The engine's log is read on the event loop, not through a thread per line.
+
+vastai 1.9.1 tails MODEL_LOG for its whole life (load and error lines) with anyio's `open_file`,
+whose every `readline()` runs in a worker thread: a queue hand-off, a condition wake-up and a GIL
+hand-back per line, taken from the one thread that also serves :3000. Engines log a line per request
+(vLLM's and llama.cpp's access lines), so under traffic that cost grows with the request rate, and a
+profile of 16 concurrent streams put the tail at about a tenth of the worker's busy time, in the
+same moments its requests were being set up. Reading a local regular file does not block in any way
+that matters (a few kilobytes from the page cache), so the SDK's backend gets an `open_file` that
+reads in place: the same calls (`await f.readline()`, `await f.aclose()`, `async with`), the same
+text decoding, no thread. Each line read is also handed to `seen` when one is given (late_errors,
+to name the whole line an error pattern matched).
+
+Installed by serving.install before the server starts (the SDK opens the log after its HTTP sites
+are up). This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+from control import sdk_seam
+
+BACKEND_MODULE = sdk_seam.BACKEND_MODULE
+
+
+class LocalFile:
+    """An open file with the async methods of anyio's AsyncFile that the SDK calls, done in place."""
+
+    def __init__(self, handle: io.TextIOBase | io.BufferedIOBase, seen: Callable[[Any], None] | None = None) -> None:
+        self._handle = handle
+        self._seen = seen
+
+    async def readline(self) -> Any:
+        line = self._handle.readline()
+        if line and self._seen is not None:
+            self._seen(line)
+        return line
+
+    async def read(self, size: int = -1) -> Any:
+        return self._handle.read(size)
+
+    async def write(self, data: Any) -> int:
+        return self._handle.write(data)
+
+    async def aclose(self) -> None:
+        self._handle.close()
+
+    async def __aenter__(self) -> LocalFile:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._handle.close()
+
+
+async def open_local_file(file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
+                          errors: str | None = None, newline: str | None = None, *,
+                          seen: Callable[[Any], None] | None = None) -> LocalFile:
+    """anyio.open_file's signature (the arguments the SDK passes), opening the file in this thread."""
+    return LocalFile(open(file, mode, buffering, encoding, errors, newline), seen)
+
+
+def install(seen: Callable[[Any], None] | None = None) -> None:
+    """Give the SDK's backend module the in-place open_file (each line read also goes to `seen`);
+    GuardError when it has none to replace."""
+    _, current = sdk_seam.module_hook("open_file", "log_tail.py")
+    if not callable(current):
+        raise sdk_seam.GuardError(f"log_tail.py: the SDK module {BACKEND_MODULE}'s open_file is not callable "
+                                  f"(vastai changed): update the hook 'open_file' in {sdk_seam.SEAM_FILE}")
+    if seen is None:
+        sdk_seam.replace_in_module("open_file", "log_tail.py", open_local_file)
+        return
+
+    async def open_and_watch(*args: Any, **kwargs: Any) -> LocalFile:
+        return await open_local_file(*args, **kwargs, seen=seen)
+
+    sdk_seam.replace_in_module("open_file", "log_tail.py", open_and_watch)
