@@ -111,14 +111,14 @@ UPSTREAM_MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MOD
 
 
 def test_worker_model_id_variables_reach_every_specs_model_variable() -> None:
-    core = importlib.import_module("app.core")
-    assert core.MODEL_ID_VARS == UPSTREAM_MODEL_ID_VARS, \
-        f"worker/app/core.py MODEL_ID_VARS={core.MODEL_ID_VARS}, upstream's are {UPSTREAM_MODEL_ID_VARS}"
+    worker_config = importlib.import_module("app.worker_config")
+    assert worker_config.MODEL_ID_VARS == UPSTREAM_MODEL_ID_VARS, \
+        f"app/worker_config.py MODEL_ID_VARS={worker_config.MODEL_ID_VARS}, upstream's are {UPSTREAM_MODEL_ID_VARS}"
     assert model_id_vars()[0] == "MODEL_NAME"
     for facts in FACTS.values():
         # What the image bakes (bakery.render: BAKERY_MODEL_VAR = engine.model_var) is what the worker reads,
         # right after MODEL_NAME, so every engine's own variable names its model, adapter or not.
-        looked_up = core.model_id_vars({engine_facts.MODEL_VAR_VAR: facts.model_var})
+        looked_up = worker_config.model_id_vars({engine_facts.MODEL_VAR_VAR: facts.model_var})
         assert looked_up[:2] == ("MODEL_NAME", facts.model_var), \
             f"images/{facts.name}.yaml engine.model_var={facts.model_var!r}: the worker looks up {looked_up}"
 
@@ -193,7 +193,7 @@ DECLARED: dict[tuple[str, str], str] = {
     ("bakery/spec/engine_spec.py", "other BACKEND values that mean this engine"): "a field's description (example)",
     ("bakery/spec/engine_spec.py", ": must be host/owner/name"): "an error's example of a repository name",
     **{(path, name): "upstream's fixed model-id precedence (pyworker #88), read after the image's own variable"
-       for path in ("worker/app/core.py", "worker/workers/openai/client.py",
+       for path in ("worker/app/worker_config.py", "worker/workers/openai/client.py",
                     "worker/config/table.py")
        for name in ("VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")},
     **{("worker/config/table.py", f"upstream's {engine} model variable"): "the configuration table's "

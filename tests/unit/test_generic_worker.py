@@ -18,6 +18,7 @@ WORKER_DIR = REPO_ROOT / "worker"
 sys.path.insert(0, str(WORKER_DIR))
 generic = importlib.import_module("workers.openai.generic")
 core = importlib.import_module("app.core")
+worker_config = importlib.import_module("app.worker_config")
 
 
 def echo_image_env() -> dict[str, str]:
@@ -39,14 +40,14 @@ def test_defaults_are_the_baked_values() -> None:
 
 def test_the_baked_model_variable_is_the_model_id() -> None:
     env = {**echo_image_env(), "ECHO_MODEL": "org/echo-1b"}
-    assert core.resolve_model_id(env) == "org/echo-1b"
-    assert core.resolve_model_id({**env, "MODEL_NAME": "mine"}) == "mine"
+    assert worker_config.resolve_model_id(env) == "org/echo-1b"
+    assert worker_config.resolve_model_id({**env, "MODEL_NAME": "mine"}) == "mine"
     # before upstream's engine variables, whatever the engine: the image names its own
-    assert core.resolve_model_id({**env, "VLLM_MODEL": "other"}) == "org/echo-1b"
-    assert core.model_id_vars(env) == ("MODEL_NAME", "ECHO_MODEL", *core.MODEL_ID_VARS[1:])
+    assert worker_config.resolve_model_id({**env, "VLLM_MODEL": "other"}) == "org/echo-1b"
+    assert worker_config.model_id_vars(env) == ("MODEL_NAME", "ECHO_MODEL", *worker_config.MODEL_ID_VARS[1:])
     # a baked name that is not a variable name is ignored; one of upstream's is not listed twice
-    assert core.model_id_vars({"BAKERY_MODEL_VAR": "A B"}) == core.MODEL_ID_VARS
-    assert core.model_id_vars({"BAKERY_MODEL_VAR": "LLAMA_MODEL"}) == (
+    assert worker_config.model_id_vars({"BAKERY_MODEL_VAR": "A B"}) == worker_config.MODEL_ID_VARS
+    assert worker_config.model_id_vars({"BAKERY_MODEL_VAR": "LLAMA_MODEL"}) == (
         "MODEL_NAME", "LLAMA_MODEL", "VLLM_MODEL", "SGLANG_MODEL")
 
 

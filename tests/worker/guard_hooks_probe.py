@@ -41,10 +41,10 @@ def make_worker() -> Any:
     """A real Worker for the llama engine, as core.run() builds it."""
     import vastai
 
-    from app import core
+    from app import core, worker_config
     from workers.llama.worker import DEFAULTS
 
-    settings = core.load_settings(DEFAULTS, os.environ)
+    settings = worker_config.load_settings(DEFAULTS, os.environ)
     config, _ = core.build_worker_config(settings, vastai, ["word"])
     return vastai.Worker(config)
 

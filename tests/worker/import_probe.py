@@ -42,14 +42,14 @@ def main() -> int:
 
         for info in pkgutil.walk_packages(server_pkg.__path__, server_pkg.__name__ + "."):
             importlib.import_module(info.name)
-        from app import core
+        from app import core, worker_config
         from policy import signed_first  # noqa: F401 (msgspec: imported as the worker imports it)
 
         for engine in ("vllm", "sglang", "llama", "openai"):
             defaults = importlib.import_module(f"workers.{engine}.worker").DEFAULTS
             env = {"CONTAINER_ID": "1", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
                    "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "3000", "MODEL_NAME": "m"}
-            settings = core.load_settings(defaults, env)
+            settings = worker_config.load_settings(defaults, env)
             config, _ = core.build_worker_config(settings, vastai, core.load_words())
             import os
 

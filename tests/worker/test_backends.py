@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core import EngineDefaults
+from app.worker_config import EngineDefaults
 from tests.worker.helpers import SDK_READY, Engine, Harness, post_enveloped
 from workers.llama.worker import DEFAULTS as LLAMA
 from workers.sglang.worker import DEFAULTS as SGLANG

@@ -175,15 +175,15 @@ def test_the_snapshot_is_read_only() -> None:
 
 def test_the_table_defaults_are_the_modules_defaults() -> None:
     """One value per default: each row's default is the constant its owner module uses."""
-    from app import core
+    from app import worker_config as wc
     from config import routes, uploads, workload
     from policy import drain, guards
 
     expected: dict[str, object] = {
-        "MODEL_SERVER_URL": core.DEFAULT_SERVER_URL, "MODEL_HEALTH_ENDPOINT": core.DEFAULT_HEALTH_ENDPOINT,
-        "BENCHMARK_MAX_TOKENS": core.DEFAULT_BENCHMARK_MAX_TOKENS, "READINESS": core.DEFAULT_READINESS,
-        "READINESS_TIMEOUT": core.DEFAULT_READINESS_TIMEOUT,
-        "HEALTHCHECK_PROBE_TIMEOUT": core.DEFAULT_HEALTHCHECK_PROBE_TIMEOUT,
+        "MODEL_SERVER_URL": wc.DEFAULT_SERVER_URL, "MODEL_HEALTH_ENDPOINT": wc.DEFAULT_HEALTH_ENDPOINT,
+        "BENCHMARK_MAX_TOKENS": wc.DEFAULT_BENCHMARK_MAX_TOKENS, "READINESS": wc.DEFAULT_READINESS,
+        "READINESS_TIMEOUT": wc.DEFAULT_READINESS_TIMEOUT,
+        "HEALTHCHECK_PROBE_TIMEOUT": wc.DEFAULT_HEALTHCHECK_PROBE_TIMEOUT,
         "BENCHMARK_ROUTE": routes.DEFAULT_BENCHMARK_ROUTE, "BENCHMARK_EMBED_CHARS": workload.DEFAULT_EMBED_CHARS,
         "OPENAI_MAX_UPLOAD_BYTES": uploads.DEFAULT_MAX_UPLOAD_BYTES,
         "OPENAI_MAX_REQUEST_UPLOAD_BYTES": uploads.DEFAULT_MAX_REQUEST_UPLOAD_BYTES,

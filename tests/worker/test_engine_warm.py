@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app import core
+from app import worker_config
 from config import table
 from engine import engine_warm
 from tests.worker.helpers import probe_facts
@@ -66,8 +66,8 @@ def test_the_setting(given: str | None, seconds: float, warned: bool) -> None:
 
 
 def test_the_worker_settings_carry_it() -> None:
-    assert core.load_settings(DEFAULTS, {**ENV, "BAKERY_ENGINE_KEEP_WARM": "15"}).engine_keep_warm == 15.0
-    assert core.load_settings(DEFAULTS, ENV).engine_keep_warm == engine_warm.DEFAULT
+    assert worker_config.load_settings(DEFAULTS, {**ENV, "BAKERY_ENGINE_KEEP_WARM": "15"}).engine_keep_warm == 15.0
+    assert worker_config.load_settings(DEFAULTS, ENV).engine_keep_warm == engine_warm.DEFAULT
 
 
 def test_the_startup_line_says_it(report: dict[str, Any]) -> None:
@@ -106,7 +106,7 @@ def test_opening_stops_at_an_engine_that_refuses(report: dict[str, Any]) -> None
 ])
 def test_the_ready_connections_setting(given: str | None, count: int, warned: bool) -> None:
     env = {**ENV} if given is None else {**ENV, "BAKERY_ENGINE_READY_CONNECTIONS": given}
-    settings = core.load_settings(DEFAULTS, env)
+    settings = worker_config.load_settings(DEFAULTS, env)
     assert settings.engine_ready_connections == count
     said = [w.split("=")[0] for w in settings.warnings if "BAKERY_ENGINE_READY_CONNECTIONS" in w]
     assert said == (["BAKERY_ENGINE_READY_CONNECTIONS"] if warned else [])
@@ -119,5 +119,5 @@ def test_each_engine_has_its_own_ready_connections() -> None:
     from workers.sglang.worker import DEFAULTS as SGLANG
 
     assert (DEFAULTS.ready_connections, SGLANG.ready_connections, LLAMA.ready_connections) == (256, 256, 0)
-    assert core.load_settings(LLAMA, ENV).engine_ready_connections == 0
+    assert worker_config.load_settings(LLAMA, ENV).engine_ready_connections == 0
     assert table.BY_NAME["BAKERY_ENGINE_READY_CONNECTIONS"].default is None  # the engine's own

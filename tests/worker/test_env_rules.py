@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
-from app import core
-from app.core import ConfigError, PortBusy
+from app import core, ports, sdk_config, worker_config
+from app.ports import PortBusy
+from app.worker_config import ConfigError
 from tests.worker.helpers import free_port_pair
 from workers.llama.worker import DEFAULTS as LLAMA
 from workers.sglang.worker import DEFAULTS as SGLANG
@@ -29,7 +30,7 @@ PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IP
 
 def settings(**env: str) -> core.Settings:
     """load_settings for vLLM with the platform variables plus `env`."""
-    return core.load_settings(VLLM, {**PLATFORM, **env})
+    return worker_config.load_settings(VLLM, {**PLATFORM, **env})
 
 
 # --------------------------------------------------------------------------- engine defaults
@@ -83,13 +84,13 @@ def test_engine_workers_are_only_defaults() -> None:
 ])
 def test_parse_lines(raw: str, expected: list[str]) -> None:
     """JSON array of strings (the baked form) or newline-separated; stripped, empties dropped."""
-    assert core.parse_lines(raw) == expected
+    assert worker_config.parse_lines(raw) == expected
 
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20), max_size=6))
 def test_parse_lines_json_round_trip(items: list[str]) -> None:
     """Any list baked as a JSON array comes back stripped, without empty items, in order."""
-    assert core.parse_lines(json.dumps(items)) == [s.strip() for s in items if s.strip()]
+    assert worker_config.parse_lines(json.dumps(items)) == [s.strip() for s in items if s.strip()]
 
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Zl", "Zp", "Cc")), max_size=20),
@@ -99,7 +100,7 @@ def test_parse_lines_newline_form(items: list[str]) -> None:
     raw = "\n".join(items)
     if raw.strip().startswith("["):
         return
-    assert core.parse_lines(raw) == [s.strip() for s in items if s.strip()]
+    assert worker_config.parse_lines(raw) == [s.strip() for s in items if s.strip()]
 
 
 @pytest.mark.parametrize("var", ["MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS"])
@@ -127,7 +128,7 @@ def test_model_log() -> None:
     assert settings(MODEL_LOG="").model_log == "/var/log/portal/vllm.log"
     assert settings(MODEL_LOG="   ").model_log == "/var/log/portal/vllm.log"
     assert settings(MODEL_LOG="/tmp/x.log").model_log == "/tmp/x.log"
-    assert core.load_settings(LLAMA, PLATFORM).model_log == "/var/log/portal/llama.log"
+    assert worker_config.load_settings(LLAMA, PLATFORM).model_log == "/var/log/portal/llama.log"
 
 
 @pytest.mark.parametrize(("env", "expected"), [
@@ -140,7 +141,7 @@ def test_model_log() -> None:
 ])
 def test_model_id_precedence(env: dict[str, str], expected: str | None) -> None:
     """First non-empty of MODEL_NAME, VLLM_MODEL, SGLANG_MODEL, LLAMA_MODEL."""
-    assert core.resolve_model_id(env) == expected
+    assert worker_config.resolve_model_id(env) == expected
 
 
 @pytest.mark.parametrize(("url", "base", "port"), [
@@ -155,7 +156,7 @@ def test_model_id_precedence(env: dict[str, str], expected: str | None) -> None:
 def test_model_server_url(url: str | None, base: str, port: int) -> None:
     """MODEL_SERVER_URL gives the SDK's model_server_url (scheme://host) and port."""
     env = {} if url is None else {"MODEL_SERVER_URL": url}
-    full, got_base, got_port = core.resolve_server(env)
+    full, got_base, got_port = worker_config.resolve_server(env)
     assert (got_base, got_port) == (base, port)
     assert full == f"{base}:{port}"
 
@@ -165,7 +166,7 @@ def test_model_server_url(url: str | None, base: str, port: int) -> None:
 def test_model_server_url_rejected(url: str) -> None:
     """Anything but an http(s) origin is a one-line config error naming the variable."""
     with pytest.raises(ConfigError) as err:
-        core.resolve_server({"MODEL_SERVER_URL": url})
+        worker_config.resolve_server({"MODEL_SERVER_URL": url})
     assert "MODEL_SERVER_URL" in err.value.lines[0]
 
 
@@ -242,7 +243,7 @@ def test_counts_must_be_whole() -> None:
 def test_float_rule_never_returns_unusable(raw: str) -> None:
     """Whatever the text, the timeout is positive and finite."""
     warnings: list[str] = []
-    value = core.env_positive_float({"X": raw}, "X", 30.0, warnings)
+    value = worker_config.env_positive_float({"X": raw}, "X", 30.0, warnings)
     assert math.isfinite(value) and value > 0
     assert len(warnings) <= 1
 
@@ -251,7 +252,7 @@ def test_float_rule_never_returns_unusable(raw: str) -> None:
 def test_int_rule_never_returns_unusable(raw: str) -> None:
     """Whatever the text, the count is a positive integer."""
     warnings: list[str] = []
-    value = core.env_positive_int({"X": raw}, "X", 3, warnings)
+    value = worker_config.env_positive_int({"X": raw}, "X", 3, warnings)
     assert isinstance(value, int) and value > 0
     assert len(warnings) <= 1
 
@@ -288,7 +289,7 @@ class NewWorkerConfig(OldWorkerConfig):
 def test_readiness_passed_when_the_sdk_accepts_it() -> None:
     """An SDK whose WorkerConfig takes readiness settings gets all three, from env."""
     s = settings(READINESS="healthcheck", READINESS_TIMEOUT="600", HEALTHCHECK_PROBE_TIMEOUT="12")
-    kwargs, note = core.readiness_kwargs(s, NewWorkerConfig)
+    kwargs, note = sdk_config.readiness_kwargs(s, NewWorkerConfig)
     assert kwargs == {"readiness": "healthcheck", "readiness_timeout": 600.0, "healthcheck_probe_timeout": 12.0}
     assert note.startswith("readiness: healthcheck")
     NewWorkerConfig(**kwargs)  # accepted
@@ -297,20 +298,20 @@ def test_readiness_passed_when_the_sdk_accepts_it() -> None:
 def test_readiness_left_out_on_an_old_sdk() -> None:
     """An SDK without them (vastai 1.9.1) gets none, and the note says log mode once."""
     s = settings(READINESS="healthcheck")
-    kwargs, note = core.readiness_kwargs(s, OldWorkerConfig)
+    kwargs, note = sdk_config.readiness_kwargs(s, OldWorkerConfig)
     assert kwargs == {}
     assert "logs" in note and "READINESS=healthcheck ignored" in note
-    kwargs, note = core.readiness_kwargs(settings(), OldWorkerConfig)
+    kwargs, note = sdk_config.readiness_kwargs(settings(), OldWorkerConfig)
     assert kwargs == {} and "ignored" not in note
 
 
 def test_readiness_feature_detection_uses_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     """Detection reads inspect.signature: a fake signature flips the branch on the same class."""
     s = settings(READINESS="healthcheck")
-    assert core.readiness_kwargs(s, OldWorkerConfig)[0] == {}
+    assert sdk_config.readiness_kwargs(s, OldWorkerConfig)[0] == {}
     fake = inspect.signature(NewWorkerConfig)
-    monkeypatch.setattr(core.inspect, "signature", lambda cls: fake)
-    assert core.readiness_kwargs(s, OldWorkerConfig)[0]["readiness"] == "healthcheck"
+    monkeypatch.setattr(sdk_config.inspect, "signature", lambda cls: fake)
+    assert sdk_config.readiness_kwargs(s, OldWorkerConfig)[0]["readiness"] == "healthcheck"
 
 
 # --------------------------------------------------------------------------- platform variables
@@ -322,7 +323,7 @@ def test_missing_platform_variable(missing: str) -> None:
     """One line naming the variable and what normally sets it, instead of a KeyError in the SDK."""
     env = {k: v for k, v in PLATFORM.items() if k != missing}
     with pytest.raises(ConfigError) as err:
-        core.load_settings(VLLM, env)
+        worker_config.load_settings(VLLM, env)
     assert len(err.value.lines) == 1
     line = err.value.lines[0]
     assert line.startswith(missing)
@@ -334,14 +335,14 @@ def test_missing_platform_variable(missing: str) -> None:
 def test_empty_platform_variable_counts_as_missing() -> None:
     """REPORT_ADDR='' would make the SDK post to a relative path: treated as missing."""
     with pytest.raises(ConfigError) as err:
-        core.load_settings(VLLM, {**PLATFORM, "REPORT_ADDR": ""})
+        worker_config.load_settings(VLLM, {**PLATFORM, "REPORT_ADDR": ""})
     assert err.value.lines[0].startswith("REPORT_ADDR")
 
 
 def test_all_missing_gives_one_line_each() -> None:
     """Nothing set: one line per variable (the mapped port cannot be named without WORKER_PORT)."""
     with pytest.raises(ConfigError) as err:
-        core.load_settings(VLLM, {})
+        worker_config.load_settings(VLLM, {})
     assert [line.split()[0] for line in err.value.lines] == ["CONTAINER_ID", "REPORT_ADDR", "PUBLIC_IPADDR",
                                                              "WORKER_PORT"]
 
@@ -351,7 +352,7 @@ def test_all_missing_gives_one_line_each() -> None:
 def test_malformed_platform_variable(var: str, value: str) -> None:
     """A value the SDK would crash on (int()) is named in one line."""
     with pytest.raises(ConfigError) as err:
-        core.load_settings(VLLM, {**PLATFORM, var: value})
+        worker_config.load_settings(VLLM, {**PLATFORM, var: value})
     assert err.value.lines[0].startswith(f"{var}=")
 
 
@@ -370,7 +371,8 @@ def test_banner() -> None:
     assert core.banner(settings()) == "Using worker backend: vllm"
     assert core.banner(settings(BACKEND="vllm")) == "Using worker backend: vllm"
     assert core.banner(settings(BACKEND="openai")) == "Using worker backend: vllm (BACKEND=openai is an alias of vllm)"
-    assert core.banner(core.load_settings(LLAMA, {**PLATFORM, "BACKEND": "llama"})) == "Using worker backend: llama"
+    llama = worker_config.load_settings(LLAMA, {**PLATFORM, "BACKEND": "llama"})
+    assert core.banner(llama) == "Using worker backend: llama"
 
 
 def test_benchmark_prompt_is_shipped_data() -> None:
@@ -425,7 +427,7 @@ def reconcile(**env: str) -> tuple[Any, list[str], list[str]]:
 
     limits, errors = guards.load_limits(env)
     assert errors == []
-    return core.reconcile_limits(limits, settings(**env).routes, env)
+    return worker_config.reconcile_limits(limits, settings(**env).routes, env)
 
 
 def test_a_text_worker_keeps_the_16_mib_body_limit() -> None:
@@ -468,25 +470,25 @@ def test_a_body_limit_set_by_hand_wins_and_warns_when_no_file_fits() -> None:
 def test_bind_test_detects_a_listener() -> None:
     """A listener on the port (any address the SDK binds) makes it busy."""
     port = free_port_pair()
-    core.bind_test(port)
+    ports.bind_test(port)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
         sock.listen()
         with pytest.raises(PortBusy):
-            core.bind_test(port)
-    core.bind_test(port)
+            ports.bind_test(port)
+    ports.bind_test(port)
 
 
 def test_port_lock_is_exclusive(tmp_path: Path) -> None:
     """Only one worker holds a port's lock; it is free again once released."""
     port = free_port_pair()
-    fd = core.claim_port(port, tmp_path)
+    fd = ports.claim_port(port, tmp_path)
     with pytest.raises(PortBusy, match="another bakery worker"):
-        core.claim_port(port, tmp_path)
+        ports.claim_port(port, tmp_path)
     import os
 
     os.close(fd)
-    os.close(core.claim_port(port, tmp_path))
+    os.close(ports.claim_port(port, tmp_path))
 
 
 def test_missing_log_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -512,4 +514,4 @@ def test_present_log_file_is_not_reported(tmp_path: Path, capsys: pytest.Capture
 
 def test_parse_lines_breaks_only_on_newline() -> None:
     # Unicode line separators are text inside a log line; only \n (and \r\n) separate lines.
-    assert core.parse_lines("a\u2028b\r\nc\x85d\n") == ["a\u2028b", "c\x85d"]
+    assert worker_config.parse_lines("a\u2028b\r\nc\x85d\n") == ["a\u2028b", "c\x85d"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app import core, event_loop
+from app import event_loop, worker_config
 from config import table
 from tests.worker.helpers import WORKER_DIR, Harness
 from tests.worker.serving import MODEL, EventStream, envelope
@@ -33,7 +33,7 @@ ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": 
 ])
 def test_the_setting(given: str | None, chosen: str, warned: bool) -> None:
     env = {**ENV, **({} if given is None else {"BAKERY_EVENT_LOOP": given})}
-    settings = core.load_settings(DEFAULTS, env)
+    settings = worker_config.load_settings(DEFAULTS, env)
     assert settings.loop_choice == chosen
     said = [w for w in settings.warnings if "BAKERY_EVENT_LOOP" in w]
     assert bool(said) is warned, settings.warnings

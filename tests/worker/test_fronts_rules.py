@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app import core, front_process
+from app import front_process, worker_config
 from config import table
 from control import sdk_seam
 from front import processes
@@ -94,10 +94,10 @@ def test_a_primary_that_cannot_send_now_is_told_at_once() -> None:
         theirs.close()
 
 
-@pytest.mark.parametrize(("ready", "processes", "share"), [(256, 0, 256), (256, 1, 128), (256, 2, 86), (0, 1, 0),
-                                                            (1, 3, 1)])
-def test_each_process_opens_its_share_of_the_ready_connections(ready: int, processes: int, share: int) -> None:
-    assert processes.ready_share(ready, processes) == share
+@pytest.mark.parametrize(("ready", "count", "share"), [(256, 0, 256), (256, 1, 128), (256, 2, 86), (0, 1, 0),
+                                                        (1, 3, 1)])
+def test_each_process_opens_its_share_of_the_ready_connections(ready: int, count: int, share: int) -> None:
+    assert processes.ready_share(ready, count) == share
 
 
 @pytest.mark.parametrize(("raw", "cpus", "count", "warned"), [
@@ -130,10 +130,10 @@ def test_each_engine_has_its_own_front_processes() -> None:
             generic_defaults.front_processes) == (None, None, 0, 0)
     cpus = processes.default_count()
     for engine, expected in ((VLLM, cpus), (SGLANG, cpus), (LLAMA, 0), (generic_defaults, 0)):
-        assert core.load_settings(engine, env).front_processes == expected, engine.engine
-    assert core.load_settings(LLAMA, {**env, processes.PROCESSES_VAR: "1"}).front_processes == 1
+        assert worker_config.load_settings(engine, env).front_processes == expected, engine.engine
+    assert worker_config.load_settings(LLAMA, {**env, processes.PROCESSES_VAR: "1"}).front_processes == 1
     warnings: list[str] = []
-    assert core.front_processes({processes.PROCESSES_VAR: "1"}, "aiohttp", warnings) == 0
+    assert worker_config.front_processes({processes.PROCESSES_VAR: "1"}, "aiohttp", warnings) == 0
     assert warnings and "BAKERY_FRONT=wire" in warnings[0]
 
 

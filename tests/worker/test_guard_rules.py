@@ -10,7 +10,7 @@ import time
 import pytest
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
-from app import core
+from app import core, output, worker_config
 from policy import guards
 from workers.vllm.worker import DEFAULTS as VLLM
 
@@ -99,13 +99,13 @@ def test_every_bad_value_is_reported_at_once() -> None:
                                             ("0", False), ("No", False)])
 def test_unsecured_is_read_like_serverless(raw: str | None, value: bool) -> None:
     env = dict(PLATFORM) if raw is None else {**PLATFORM, "UNSECURED": raw}
-    assert core.load_settings(VLLM, env).unsecured is value
+    assert worker_config.load_settings(VLLM, env).unsecured is value
 
 
 @pytest.mark.parametrize("raw", ["ture", "on", "t", "y", "2", "off", "true false"])
 def test_an_unsecured_typo_is_a_config_error(raw: str) -> None:
     with pytest.raises(core.ConfigError) as err:
-        core.load_settings(VLLM, {**PLATFORM, "UNSECURED": raw})
+        worker_config.load_settings(VLLM, {**PLATFORM, "UNSECURED": raw})
     assert err.value.lines == [f"UNSECURED={raw!r} is neither true nor false: set UNSECURED=true or false "
                                "(true/1/yes, false/0/no) or leave it unset"]
 
@@ -234,6 +234,6 @@ def test_2xx_access_lines_of_sessions_and_pyworker_are_kept(line: str, kept: boo
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     logger.addHandler(handler)
-    logger.addFilter(core.AccessLines())
+    logger.addFilter(output.AccessLines())
     logger.warning("access", extra={"response_status": 200, "first_request_line": line})
     assert bool(seen) is kept

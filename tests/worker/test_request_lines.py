@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
-from app import core
+from app import core, output, worker_config
 from tests.worker.helpers import SDK_READY, WORKER_DIR, Harness, post_enveloped
 from workers.vllm.worker import DEFAULTS as VLLM
 
@@ -65,7 +65,7 @@ KEPT = [
 
 
 def settings(**env: str) -> core.Settings:
-    return core.load_settings(VLLM, {**PLATFORM, **env})
+    return worker_config.load_settings(VLLM, {**PLATFORM, **env})
 
 
 # --------------------------------------------------------------------------- the variable
@@ -131,7 +131,7 @@ def sdk_logger() -> tuple[logging.Logger, Recorder]:
 
 def test_filter_drops_exactly_the_four_debug_lines(sdk_logger: tuple[logging.Logger, Recorder]) -> None:
     logger, recorder = sdk_logger
-    logger.addFilter(core.PerRequestLines())
+    logger.addFilter(output.PerRequestLines())
     for message in DROPPED + KEPT:
         logger.debug(message)
     assert recorder.messages == KEPT
@@ -140,7 +140,7 @@ def test_filter_drops_exactly_the_four_debug_lines(sdk_logger: tuple[logging.Log
 def test_filter_keeps_them_above_debug(sdk_logger: tuple[logging.Logger, Recorder]) -> None:
     """Only the SDK's DEBUG lines are dropped: the same words at INFO or ERROR are not these lines."""
     logger, recorder = sdk_logger
-    logger.addFilter(core.PerRequestLines())
+    logger.addFilter(output.PerRequestLines())
     logger.info(DROPPED[0])
     logger.error(DROPPED[2])
     logger.error("Request 42 errored: boom")
@@ -150,7 +150,7 @@ def test_filter_keeps_them_above_debug(sdk_logger: tuple[logging.Logger, Recorde
 def test_filter_reads_the_formatted_message(sdk_logger: tuple[logging.Logger, Recorder]) -> None:
     """%-style arguments are matched after formatting, as the line would be printed."""
     logger, recorder = sdk_logger
-    logger.addFilter(core.PerRequestLines())
+    logger.addFilter(output.PerRequestLines())
     logger.debug("Starting Request %d", 7)
     logger.debug("Starting %s", "Session 7")
     assert recorder.messages == ["Starting Session 7"]
@@ -167,8 +167,8 @@ def test_quiet_requests_filters_the_sdk_module_loggers(monkeypatch: pytest.Monke
     access = f"fake_aiohttp.access.{time.time_ns()}"
     assert core.quiet_requests(names, access) == ["fake_sdk.renamed", "fake_sdk.absent"]
     assert core.quiet_requests(names, access) == ["fake_sdk.renamed", "fake_sdk.absent"]
-    assert sum(isinstance(f, core.PerRequestLines) for f in logger.filters) == 1
-    assert [type(f) for f in logging.getLogger(access).filters] == [core.AccessLines]
+    assert sum(isinstance(f, output.PerRequestLines) for f in logger.filters) == 1
+    assert [type(f) for f in logging.getLogger(access).filters] == [output.AccessLines]
     logger.debug("Ending Request 1")
     logger.debug("Running benchmark")
     assert recorder.messages == ["Running benchmark"]
@@ -229,7 +229,7 @@ def test_quiet_access_logger_skips_2xx_before_formatting(worker_python: Path) ->
 
 
 def test_the_access_logger_is_aiohttps() -> None:
-    assert core.ACCESS_LOGGER == "aiohttp.access"
+    assert output.ACCESS_LOGGER == "aiohttp.access"
 
 
 @pytest.mark.parametrize(("status", "kept"), [(200, False), (201, False), (204, False), (299, False),
@@ -238,7 +238,7 @@ def test_the_access_logger_is_aiohttps() -> None:
 def test_access_filter_drops_only_2xx(status: int, kept: bool, sdk_logger: tuple[logging.Logger, Recorder]) -> None:
     """aiohttp passes the status as the record's `response_status` (its `extra`)."""
     logger, recorder = sdk_logger
-    logger.addFilter(core.AccessLines())
+    logger.addFilter(output.AccessLines())
     logger.info(f'127.0.0.1 "POST /v1/completions HTTP/1.1" {status} 10', extra={"response_status": status})
     assert bool(recorder.messages) is kept
 
@@ -246,14 +246,14 @@ def test_access_filter_drops_only_2xx(status: int, kept: bool, sdk_logger: tuple
 def test_access_filter_keeps_records_without_a_status(sdk_logger: tuple[logging.Logger, Recorder]) -> None:
     """aiohttp's own "Error in logging" and anything else on the logger: not an access line, kept."""
     logger, recorder = sdk_logger
-    logger.addFilter(core.AccessLines())
+    logger.addFilter(output.AccessLines())
     logger.error("Error in logging")
     logger.info("200 looks like a status", extra={"response_status": "200"})
     assert recorder.messages == ["Error in logging", "200 looks like a status"]
 
 
 def test_the_default_modules_are_the_sdks() -> None:
-    assert core.SDK_REQUEST_LOGGERS == ("vastai.serverless.server.lib.metrics",
+    assert output.SDK_REQUEST_LOGGERS == ("vastai.serverless.server.lib.metrics",
                                         "vastai.serverless.server.lib.backend")
 
 

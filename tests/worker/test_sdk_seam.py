@@ -132,9 +132,10 @@ MAKE_WORKER = """
 import json, sys, vastai
 from workers.llama.worker import DEFAULTS
 from app import core
+from app import worker_config
 from config import table
 from control import sdk_seam
-settings = core.load_settings(DEFAULTS, table.snapshot())
+settings = worker_config.load_settings(DEFAULTS, table.snapshot())
 sdk_config, _ = core.build_worker_config(settings, vastai, ["word"])
 worker = vastai.Worker(sdk_config)
 """

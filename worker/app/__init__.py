@@ -1,2 +1,3 @@
-"""The worker put together: settings resolved and every part installed in order (core.py), the
-serving parts (serving.py), the event loop, and a front process's own main (front_process.py)."""
+"""The worker put together: the environment resolved once (worker_config.py), the SDK's config
+(sdk_config.py), the port claimed (ports.py), every part installed in order and run (core.py); the
+worker's own lines (output.py), the serving parts, the event loop, a front process's main."""

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from app import core, event_loop
+from app import core, event_loop, output, sdk_config, worker_config
 from config import table
 from control import own_handler, sdk_seam
 from engine import engine_warm, native_relay
@@ -206,20 +206,20 @@ class Given(wire.Connection):
 
 
 def main(argv: list[str]) -> None:
-    defaults = core.EngineDefaults(*marshal.loads(base64.b64decode(argv[0])))  # noqa: S302 - the primary's argv
+    defaults = worker_config.EngineDefaults(*marshal.loads(base64.b64decode(argv[0])))  # noqa: S302 - the primary's argv
     link_fd, slots_fd, index, size, parent = (int(item) for item in argv[1:6])
     processes.die_with_parent(parent)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     link = socket.socket(fileno=link_fd)
-    cfg = core.load_config(defaults, table.snapshot())  # the primary's environment, checked already
+    cfg = worker_config.load_config(defaults, table.snapshot())  # the primary's environment, checked already
     cfg = dataclasses.replace(cfg, run_dir=None)  # the ready mark is the primary's
     settings, limits = cfg.settings, cfg.limits
-    sdk = core._import_sdk()
-    core.cache_signature()
-    sdk_config, _ = core.build_worker_config(settings, sdk, core.load_words(), limits.max_sessions)
-    worker = sdk.Worker(sdk_config)
-    handlers = core.endpoint_handlers(sdk_config)
+    sdk = sdk_config.import_sdk()
+    sdk_config.cache_signature()
+    made, _ = sdk_config.build_worker_config(settings, sdk, sdk_config.load_words(), limits.max_sessions)
+    worker = sdk.Worker(made)
+    handlers = sdk_config.endpoint_handlers(made)
     slots = processes.Slots(size, slots_fd)
     state = State(slots)
     ctx = core.install_parts(worker, cfg, handlers, signature_layer=state.layer)
@@ -230,8 +230,8 @@ def main(argv: list[str]) -> None:
     sdk_seam.put(metrics, "model_metrics", state)  # own_handler reads the queue estimate from it
     serve = own_handler.install(backend)
     if not settings.log_requests:
-        ctx.runner_kwargs["access_log_class"] = core.quiet_access_log_class()
-        core.quiet_requests()
+        ctx.runner_kwargs["access_log_class"] = output.quiet_access_log_class()
+        output.quiet_requests()
     if ctx.admission is not None:
         ctx.admission[0].share(slots, index)
     primary_drain = ctx.drain
@@ -242,7 +242,7 @@ def main(argv: list[str]) -> None:
         front = wire.install(ctx, served, serve, state.knows, backend, limits.header_timeout, lambda: state.loaded)
     if front is None:
         sys.stderr.write(f"bakery-worker: front process {index}: the wire front cannot run here; ending\n")
-        raise SystemExit(core.EXIT_SDK)
+        raise SystemExit(output.EXIT_SDK)
     event_loop.install(settings.loop_choice)
     native_relay.install(settings.relay, settings.relay_program, limits.send_timeout)
     asyncio.run(serve_forever(front, state, outbox, link, ctx, primary_drain, metrics,

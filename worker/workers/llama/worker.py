@@ -1,6 +1,7 @@
 """llama.cpp worker: llama-server's log file and log grammar over the shared OpenAI-compatible core."""
 
-from app.core import EngineDefaults, run
+from app.core import run
+from app.worker_config import EngineDefaults
 
 DEFAULTS = EngineDefaults(
     engine="llama",

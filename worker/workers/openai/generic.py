@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from app.core import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, line_out, parse_lines, run
+from app.core import run
+from app.output import line_out
+from app.worker_config import DEFAULT_HEALTH_ENDPOINT, DEFAULT_INFO_LINES, EngineDefaults, parse_lines
 from config import table
 
 REQUIRED = ("BAKERY_ENGINE_PROGRAM", "MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
