@@ -1,25 +1,8 @@
 """The worker's event loop: uvloop (libuv's loop, in C) unless BAKERY_EVENT_LOOP=asyncio.
 
-Why (issue 24): once a streamed event costs bakery one engine read and one client write, what is
-left per event is the loop itself (its selector, its Python transports' write and read paths, its
-callback handles), and uvloop does that part in C. Measured alternately on the AMD EPYC host
-against the C engine (serving_bench.py --event-loop): 256 streams x 64 tokens, 36-48 -> 29-34 us of
-worker CPU per event, first token +114-155 -> +86-99 ms; 1024 streams 0.72-0.74x -> 0.78-0.79x
-(BENCHMARKS.md, "Back on an AMD EPYC host"). An earlier
-measurement found no gain, but against the Python stand-in, which took the cores the worker needed.
-
-The SDK starts its server with `asyncio.run()`, so the loop is chosen through the event loop policy
-before the SDK's `Worker.run()`: asyncio.run() makes its loop from it. BAKERY_EVENT_LOOP=asyncio
-keeps the standard library's loop (for a platform uvloop does not build on, or to compare); a venv
-without uvloop falls back to it with a warning, never to no worker.
-
-The cyclic garbage collector's first threshold is raised too (`tune_collector`): at 700 objects it
-ran every few requests, each pass over whatever the requests in flight held (a burst of 256 streams
-keeps thousands alive), so a stream cost ~50 us of collections and the loop stopped for a full
-collection of ~40 ms now and then, in the middle of a burst. Almost everything a request makes is
-freed by reference counting when it ends; what is cyclic waits for 20,000 net allocations instead.
-
-Imports only the standard library; uvloop when chosen.
+The SDK starts its server with `asyncio.run()`, so the loop is chosen through the event loop policy before
+`Worker.run()`; a venv without uvloop falls back to asyncio's, with a warning. `tune_collector` raises the
+collector's first threshold so it stops pausing bursts. See docs/serving.md.
 """
 
 from __future__ import annotations

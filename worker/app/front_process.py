@@ -1,15 +1,8 @@
 """A front process (processes.py): the wire front on connections the worker (the primary) gives it.
 
-Started by the primary as `python -m app.front_process DEFAULTS LINK SLOTS INDEX SIZE PARENT`
-with the worker's environment. It builds the same parts the worker builds from it (the SDK's
-Worker, not run; every guard's layer; the engine pool; own_handler's steps; bakery-relay), except:
-- the innermost signature check accepts exactly the pairs the primary's memo accepted under the key
-  loaded now (sent by the primary), and learns none;
-- the SDK's outcome calls go to the primary, which applies them (the reports are the primary's);
-- the queue estimate, the loaded mark and the drain are the primary's, as it last sent them;
-- a request it does not serve goes back to the primary with its connection (wire.Connection's
-  hand-off becomes a give-back).
-It ignores SIGTERM and SIGINT (the primary drains it), and ends with the primary.
+It builds what the worker builds, but its signature check accepts only what the primary's memo accepted, and
+the outcome calls, queue estimate, loaded mark and drain are the primary's; a request it does not serve goes
+back with its connection. It ignores SIGTERM and SIGINT. See docs/serving.md, "Front processes".
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""What the worker adds for serving under real traffic (issue 14), one module per job:
+"""What the worker adds for serving under real traffic, one module per job.
 
-- engine_close: an engine answer is closed when its request ends (a client gone mid-stream stops the engine);
-- report_keep: work that ends while a status report is on its way is counted in the next one;
-- report_soon: the "loaded" status report leaves at once, not at the SDK's next 10 s tick;
-- drain: on SIGTERM new requests get 503, requests in flight finish (BAKERY_DRAIN_TIMEOUT), exit 0;
-- log_tail: the engine's log is read on the event loop, not through a thread hand-off per line;
-- late_errors: after load, an error line counts only if the engine's health fails too (or it is the
-  engine's exit line): a handled traceback no longer errors a serving worker for good;
-- ready_mark: the worker's readiness kept as a file, for the image's Docker HEALTHCHECK;
-- stages: a line naming each stage of the time to ready the worker sees (its SDK read the load line,
-  the benchmark is done, the ready report went; the engine's own stages are the entry point's).
-
-Installed after the guards, on their Context (see core.run).
+engine_close, report_keep, report_soon, ready_mark, late_errors, log_tail, stages and drain: each module's
+docstring says what it does. Installed after the guards, on their Context (see core.run). See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The image's entry point: check the launch, then run the engine (and the worker) as its children.
 
-At every boot it checks the launch variables (no control character anywhere, a BACKEND that names
-a worker), rotates MODEL_LOG (so a load line from an earlier boot can never make the worker ready),
-builds the engine's argv from the baked BAKERY_ENGINE_CMD and the launch template's variables, and
-spawns it as an argv (no shell sees the values) with its output in MODEL_LOG, then the worker
-(serverless only); a thread stamps the engine's load stages as MODEL_LOG shows them. It stays PID 1:
-supervise.py stops the worker before the engine, reaps every child, and exits with the status of
-whichever program ended first. Runs on the worker's own Python, standard library only.
+It checks the launch variables, rotates MODEL_LOG (no load line from an earlier boot can make the worker
+ready) and spawns the engine as an argv (no shell sees a value), then the worker; supervise.py keeps it PID 1.
+Runs on the worker's own Python, standard library only. See docs/image.md, "The entry point".
 """
 
 from __future__ import annotations

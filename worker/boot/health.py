@@ -1,14 +1,8 @@
 """The image's Docker HEALTHCHECK: exit 0 when what the container runs is ready, 1 when it is not.
 
-- SERVERLESS=true (engine + worker): ready when the worker's ready mark exists, i.e. the model is
-  loaded and the worker is not errored, the state its status reports give the platform
-  (control/ready_mark.py keeps `<BAKERY_RUN_DIR>/worker-ready`; the entry point removes it at
-  every boot). Port 3000 is not asked: it answers only what the platform signed.
-- otherwise (engine only): ready when the engine's health endpoint (MODEL_HEALTH_ENDPOINT against
-  MODEL_SERVER_URL, as the worker resolves it) answers 200 within TIMEOUT.
-
-It prints one line saying why (Docker keeps it in `docker inspect`'s State.Health.Log). Stdlib only,
-and no import of the worker's serving code: it runs every interval, so it must start fast.
+With SERVERLESS=true it reads the worker's ready mark (control/ready_mark.py): port 3000 answers only what the
+platform signed. Otherwise it asks the engine's health endpoint. Standard library only and no import of the
+worker's serving code: it runs every interval, so it must start fast. See docs/image.md, "Health check".
 """
 
 from __future__ import annotations

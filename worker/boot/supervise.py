@@ -1,20 +1,8 @@
 """Run the engine and the worker as children of the entry point (PID 1), and end the container with them.
 
-- The engine is spawned first, with its output appended to MODEL_LOG; the worker (serverless only)
-  right after, with the container's output. Both by posix_spawn: no interpreter starts between the
-  entry point's checks and the engine's exec (supervisord and a launcher once cost ~0.25 s of CPU
-  there, stretched to over 1 s on a busy machine).
-- The engine exits on its own: the upstream supervisor line `INFO exited: <engine> ...` goes into
-  MODEL_LOG, so the worker (whose error grammar holds that line) reports itself errored; the worker
-  gets `grace` seconds for that report, then the container stops with the engine's status.
-- The worker exits on its own: the engine is stopped and the container ends with the worker's status.
-- SIGTERM/SIGINT/SIGHUP: the worker is stopped first and drains its requests in flight (`worker_stop`
-  seconds before a SIGKILL), then the engine (`engine_stop` seconds), which no request needs any
-  more; the container exits 0.
-- A stop signal that came while the entry point booted (it holds them from its first line until the
-  handlers are in) ends the boot before anything is started: exit 0.
-- As PID 1 it reaps every child, also orphans re-parented to it.
-Each step prints one `bakery: ...` line to the container's log. Standard library only.
+Both are spawned by posix_spawn: no interpreter starts between the entry point's checks and the engine's exec.
+On a stop signal the worker drains first, then the engine stops; when one exits on its own the other is
+stopped, and every child is reaped. Standard library only. See docs/image.md, "The entry point".
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The routes the worker can serve, which of them it serves (OPENAI_ROUTES), which one it
 benchmarks (BENCHMARK_ROUTE), and a benchmark request for each.
 
-app/core.py turns `handler_specs()` into the SDK's HandlerConfigs. Everything here is pure (no SDK),
-so every rule is unit-tested on the host.
+app/core.py turns `handler_specs()` into the SDK's HandlerConfigs. Everything here is pure (no SDK), so every
+rule is unit-tested on the host. See docs/routes.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
-"""The worker's environment: one table of every variable it reads, and one parser.
+"""The worker's environment: one table of every variable it reads (VARIABLES), and one parser.
 
-Nothing else under worker/workers/ reads os.environ (tests/worker/test_config.py checks the source):
-the worker takes one snapshot of it (`snapshot()`), and every module resolves its variables from that
-mapping through `read()` (a variable of VARIABLES) or `parse()` (the same rules for any name), so
-each rule has one implementation and is unit-tested without the SDK.
-
-A variable's row says how its text is read (`kind`) and what a bad value does (`bad`):
-- "exit": the worker refuses to start: one line naming the variable, exit 2 (core.EXIT_CONFIG);
-- "warn": one warning naming the variable, and the default is used;
-- "none": any text is a value (or the module that owns it judges it: `owner`).
-For every variable blank counts as unset (`value()`), so `MODEL_LOG=""` means the engine's default.
-
-Kinds (`parse`): "text" (stripped), "lines" (a log-line list, see parse_lines), "int" (Python's
-int() of the stripped text, positive), "digits" (ASCII-style digits only, positive), "number" (a
-positive finite float), "count" (ASCII digits, 0 to MAX_COUNT), "bool" (true/1/yes or false/0/no, any
-case), "seconds" and "drain" (a number
-of seconds from 0 to MAX_DRAIN_SECONDS; drain's refusal says what the drain is), and, judged by their
-owner module, "url", "choice", "routes", "route", "port", "platform", "varname", "hosts". The two
-integer rules differ on text like "+3" or "1_000" (int() takes them, digits does not): each variable
-keeps the rule it always had.
-
-worker/boot/entrypoint.py (the image's entry point) imports this module for BAKERY_DRAIN_TIMEOUT, which
-it shares with the worker (so both read it by the same rule), and its own BAKERY_EXIT_GRACE.
-
-This module imports only the standard library.
+Nothing else in the worker reads os.environ (tests/worker/test_config.py checks): modules resolve their
+variables from one `snapshot()` through `read()` or `parse()`, so each rule has one implementation. Standard
+library only: the entry point imports it too. See docs/architecture.md, "Environment contract (worker)".
 """
 
 from __future__ import annotations

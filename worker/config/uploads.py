@@ -1,14 +1,8 @@
 """Uploads in the JSON envelope, sent to the engine as multipart form data; references checked.
 
-The worker's envelope is JSON, so a client sends a file base64'd in a field (`file`, `image`, `mask`,
-the video fields) with `<field>_filename` (or `filename`) naming its type. The engines' upload routes
-(OpenAI's API) take multipart form data, so the file becomes a file part and every other field a
-form field. The pure functions here raise UploadError naming the field; `payload_class()` turns
-them into the SDK's ApiPayload, whose JsonDataException the SDK answers with 422.
-
-Everything is bounded before it is decoded: the encoded length of each upload and of all uploads of
-a request, and the number of files. Reference fields are handed to the engine, which fetches them
-from inside the instance, so only http(s) URLs with a host and `data:` URIs pass; a path never does.
+A base64'd file field becomes a file part, every other field a form field; an UploadError names the field and
+is answered 422. Everything is bounded before it is decoded. The engine fetches references from inside the
+instance, so only http(s) URLs with a host and `data:` URIs pass, never a path. See docs/routes.md.
 """
 
 from __future__ import annotations

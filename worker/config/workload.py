@@ -1,15 +1,8 @@
 """One workload unit for every route: a request counts as a multiple of one benchmark request.
 
-The SDK (vastai 1.9.1) measures throughput on the benchmarked route only, then estimates a request's
-wait as (in-flight workload of *every* route) / that throughput, and answers 429 once the estimate
-exceeds the queue limit. Workloads of different routes therefore have to be in the same unit: one
-benchmark request of the benchmarked route. Each rule below sizes a request against the reference
-request of its own route (the one its benchmark sends) and clamps the multiple to
-[MIN_MULTIPLE, MAX_MULTIPLE], so no single request (a 25 MB upload, max_tokens=100000) can make the
-worker look saturated, and none counts as free.
-
-Every function is total: whatever the body holds, it returns a finite number (a calculator that
-raises would make the SDK fall back to its own constant, or answer 500 for an upload route).
+The SDK estimates a request's wait as the in-flight workload of every route over the benchmarked route's
+throughput, so all routes need one unit. Multiples are clamped to [MIN_MULTIPLE, MAX_MULTIPLE]; every function
+returns a finite number for any body (a raise makes the SDK fall back or answer 500). See docs/routes.md.
 """
 
 from __future__ import annotations

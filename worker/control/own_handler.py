@@ -1,22 +1,8 @@
-"""bakery's handling of a route's request, in the request's own task: what vastai 1.9.1's
-Backend.__handle_request does, step for step, for the requests every route serves.
+"""A route request's handling in its own task: vastai 1.9.1's Backend.__handle_request, step for step.
 
-Why (issue 24): the SDK's handler runs every request's engine call in a task of its own
-(`create_task(make_request())`, awaited at once), and makes an asyncio.Event, two closures and a
-queue-lock round per request whether or not the route queues. In a burst of 256 requests each of
-them is one more loop turn in the lockstep every request waits through, and a few per cent of a
-request's CPU. Here the same steps run in the request's task, in the same order, with the same
-outcome calls on the SDK's Metrics (start, success or errored, canceled, end; reject for a refused
-signature or a queue over max_queue_time) and the same answers (422, 401, 429, 500, 499). The
-engine call is the SDK's, as the guards wrapped it (sdk_seam hook "call_backend"); the signature
-check likewise ("check_signature"). engine_close's release then follows the request's task, which
-ends once its answer is written.
-
-Handed to the SDK's own handler, unchanged: a route that serves one request at a time
-(allow_parallel_requests False: its FIFO queue is the SDK's), a remote-dispatch function, and a
-request in a session (its session bookkeeping is the SDK's; the body is then parsed a second time).
-
-Imports only the standard library at import time; aiohttp.web is the worker venv's.
+The same steps, order, Metrics outcome calls and answers as the SDK's handler, without the task, Event,
+closures and queue-lock round it adds per request (each one more loop turn in a burst). Routes served one at a
+time, remote dispatch and sessions stay with the SDK's handler. Stdlib only at import time; docs/serving.md.
 """
 
 from __future__ import annotations

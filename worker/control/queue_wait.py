@@ -1,17 +1,8 @@
 """The SDK's queue estimate, kept as requests come and go instead of summed on every request.
 
-vastai 1.9.1 checks each request against HandlerConfig.max_queue_time (bakery's 600 s) by reading
-`ModelMetrics.wait_time`, a property that sums the workload of every request in flight: O(N) per
-request, O(N^2) per burst (at 1024 requests in flight ~4 % of a request's CPU in a py-spy profile,
-BENCHMARKS.md). Here the metrics' `requests_working` (the SDK's dict of requests in flight, which
-its request start and end set and pop) is a dict of the same items that keeps the sum of their
-workloads as entries come and go, exactly (an integer count of 2**-1074, of which every float is a
-whole number), and `wait_time` reads that sum: the exact sum, correctly rounded, where the SDK's
-left-to-right float sum may differ from it in the last bits. A non-finite workload in flight, or a
-dict this module did not make, is summed the SDK's way. The hooks are sdk_seam's "requests_working"
-and "wait_time".
-
-Imports only the standard library (and sdk_seam).
+vastai 1.9.1's `ModelMetrics.wait_time` sums the workload of every request in flight: O(N^2) per burst. Here
+`requests_working` keeps that sum exactly as entries come and go; a non-finite workload, or a dict this module
+did not make, is summed the SDK's way. Imports only the standard library and sdk_seam.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The worker's readiness as a file, for the image's Docker HEALTHCHECK (worker/boot/health.py).
 
-Docker's health check runs a command inside the container; port 3000 answers only what the platform
-signed, so the check cannot ask the worker there. Instead a startup task looks at the SDK's loaded flag
-and error message every POLL seconds and keeps `<BAKERY_RUN_DIR>/worker-ready` in step: present while
-the model is loaded and the worker is not errored (the state the status reports give the platform),
-absent otherwise. It is written whole (a temporary file renamed over it) and only when the state
-changes. The entry point removes it at every boot, so a mark from an earlier boot never counts.
-
-A run directory that cannot be written costs the health check, not the worker: one warning, and the
-worker serves on.
-
-This module imports only the standard library at import time.
+Port 3000 answers only what the platform signed, so the check reads `<BAKERY_RUN_DIR>/worker-ready`: present
+while the model is loaded and the worker is not errored. Written whole, only on a change; the entry point
+removes it at every boot. An unwritable run dir costs one warning, not the worker. See docs/image.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Keep the work that ends while a status report is on its way: it goes in the next report.
 
-vastai 1.9.1 builds a status report from its counters (workload served, received, cancelled,
-errored, rejected), awaits the POST to the control plane, and on success resets the counters to 0.
-Whatever a request added to them during that await (a request that ended while the report was
-in flight) is wiped with the rest and never reported: the autoscaler sees less served load than
-there was. Seen in a fresh-machine run on a loaded machine (tests/worker/test_routes_sdk.py: a
-request's workload never reached `cur_perf`). Here each send is wrapped so that the reset after it
-keeps, per counter, what was added after the report was built (the report is built before the
-send's first await, from the values the wrapper reads just before it); a report that carried
-nothing new leaves nothing behind, and the SDK's next tick is asked for when something was kept.
-
-Installed before report_soon, which sends through the wrapped send. This module imports only the
-standard library at import time.
+vastai 1.9.1 resets its counters after a report's POST, wiping what requests added during the await, so the
+autoscaler saw less served load than there was. Each send is wrapped so its reset keeps what was added after
+the report was built. Installed before report_soon, which sends through it. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Send the status report that says "loaded" at once, not at the SDK's next tick.
 
-vastai 1.9.1 marks the model loaded (loadtime, max_perf) after its benchmark but sends status reports
-from a 1 s loop only when a request changed something (`update_pending`) or 10 s have passed since
-the last report. The report the platform routes on therefore left up to ~10 s after the benchmark,
-during which a ready worker got no traffic. Here a startup task watches for the loaded state and
-sends that report itself with the SDK's own send (the same body, retries and reset), so it leaves
-within POLL of the model being marked loaded; if that send did not go through, it flags the report
-as pending instead, for the SDK's loop to retry at its next tick. It works whichever path marks the
-model loaded (the SDK's benchmark, or the pubkey_retry guard once the key arrives late).
-
-This module imports only the standard library at import time.
+vastai 1.9.1 sends a report only when a request changed something or 10 s have passed, so a ready worker could
+wait ~10 s for traffic. A startup task sends it at once with the SDK's own send; a failed send is left pending
+for the SDK's loop. Standard library only. See docs/serving.md, "Time to routable".
 """
 
 from __future__ import annotations

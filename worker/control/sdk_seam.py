@@ -1,21 +1,8 @@
 """The one place the worker touches the vastai SDK's internals: a table of hooks, and how they are used.
 
-bakery's guards, drain, fast report, log tail and response closer change what the SDK's server does
-at points the SDK offers no API for: name-mangled methods of its Backend and Metrics, the `web` name
-its server module builds its apps with, its backend module's `open_file`, and three points of the
-aiohttp under it (a listener's protocol factory and connections, a request's read). Each such point is one row
-of HOOKS (what it is, what the worker does with it, why, the SDK version it was checked against),
-and this module is the only one under worker/workers/ that names a private SDK attribute
-(tests/worker/test_sdk_seam.py checks the source of the others). The others go through the functions
-here: `find` (the hook's value, or GuardError naming who needs it), `wrap` / `put` / `get` /
-`put`, and a few named helpers (`check_signature`, `set_engine_session`, `install_web`, ...).
-
-`missing(worker)` checks every required hook against a real Worker at start; core.run() exits 4 naming
-what is gone instead of running unguarded (and so does each installer, for the hooks it needs, when a
-guard is installed on its own). Every hook is pinned against the locked SDK by
-tests/worker/test_guard_hooks.py and test_sdk_seam.py.
-
-This module imports only the standard library at import time.
+It is the only worker module that names a private SDK attribute (tests/worker/test_sdk_seam.py checks the
+others' source); they call `find`, `wrap`, `put`, `get` and the helpers here. `missing(worker)` checks every
+HOOKS row at start: core.run() exits 4 rather than run unguarded. See docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Close the engine's response when the request that asked for it ends, however it ends.
 
-vastai 1.9.1 streams an engine's answer to the client chunk by chunk (its generic handler:
-`model_response.content.iter_any()` into a StreamResponse), but it never closes that response.
-When the client goes away mid-stream, aiohttp cancels the request's task; the response, and with it
-the connection to the engine, then lives until the garbage collector reaches it, so the engine keeps
-generating for nobody (measured: all 43 events of a 40-token answer written after the client left;
-tests/worker/test_streaming.py). Here the engine call is wrapped so that the response is closed
-as soon as the task that made the call is done: the engine sees its connection close and stops.
-A response read to its end is already released, and closing it again changes nothing.
-
-This module imports only the standard library at import time.
+The SDK never closes a streamed engine response: a client gone mid-stream left it to the garbage collector and
+the engine generating for nobody. The engine call is wrapped so the response closes once its task is done;
+closing one already read to its end changes nothing. Stdlib only at import. See docs/serving.md.
 """
 
 from __future__ import annotations

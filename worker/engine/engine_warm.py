@@ -1,37 +1,8 @@
-"""Engine connections kept ready between bursts (BAKERY_ENGINE_KEEP_WARM), and opened for the first
-one (BAKERY_ENGINE_READY_CONNECTIONS).
+"""Engine connections kept ready between bursts, and opened for the first one.
 
-The engines close a kept-alive connection after 5 s without a request (uvicorn's keep-alive for
-vLLM and SGLang; llama.cpp's server likewise), so forward.Pool hands out none idle for 4 s
-(guards.ENGINE_KEEPALIVE). A burst that came after 4 s of quiet therefore opened every engine
-connection it needed inside the burst: ~0.15 ms of the worker's CPU each, most of it the kernel's
-handshake on loopback, one after another on the worker's one loop. At 256 streams that put the
-median first token +20-25 ms behind a burst that found its connections open (bench/serving_bench.py
---only scale: the rounds after 4 s of quiet against those after 1 s).
-
-For BAKERY_ENGINE_KEEP_WARM seconds after the last request (default 60; 0: never) the pool's idle
-connections are renewed before they grow too old to be handed out: every TICK, up to PER_TICK of
-those idle for `keepalive - LEAD` seconds or more are closed and as many new ones opened. The pool
-so keeps what the last burst needed for a minute after it, at ~0.15 ms per connection every ~3 s
-(measured at 256 connections: ~0.7 % of a core); then renewal stops and the pool empties as before. It never
-grows the pool, and a connection that cannot be opened stops renewal until the next request. Nothing
-is renewed within QUIET of a request: a burst takes the idle connections itself, and a renewal in its
-middle closed some just before its requests reached them and spent the loop on handshakes they waited
-behind. Nothing is renewed once the worker drains: no request will come to use them.
-
-A fresh worker's first burst had no connection to find: the platform routes a worker's first requests
-as soon as it reports itself loaded, often a queue of them at once, and that burst opened all its
-engine connections inside it (256 streams on the Intel Xeon host: first token +37 to +65 ms over the
-engine alone in that round, against +13 to +28 in the rounds after it; +12 to +16 with them opened
-here). So once the model is loaded,
-BAKERY_ENGINE_READY_CONNECTIONS connections are opened into the pool, OPEN_STEP at a time, alongside
-the loaded report; the renewal window above counts from then, as from a request. The default is the
-engine's (EngineDefaults.ready_connections): 256 for vLLM and SGLang, the concurrency a GPU engine
-serves, whose servers (uvicorn) hold an idle connection for a few KiB; 0 for llama.cpp, whose server
-(cpp-httplib) gives each open connection one of its few HTTP threads while it is open; 0 for an
-engine the worker has no adapter for. Opening stops at the first connection that cannot be made.
-
-Imports only the standard library.
+Engines drop a connection idle for 5 s, so a burst after quiet opened them on the loop. Idle ones are renewed
+before they age out for BAKERY_ENGINE_KEEP_WARM seconds after a request (never within QUIET of one, nor while
+draining); BAKERY_ENGINE_READY_CONNECTIONS are opened once the model loads. See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
-"""bakery's own engine call for JSON requests: a streamed answer's events reach the client as they
-arrive, on the event loop's callbacks, with no task woken per event.
+"""bakery's own engine call for JSON requests: stream events written as they arrive, no task per event.
 
-Why (issue 24): vastai 1.9.1 streams an answer with `async for chunk in response.content.iter_any():
-await res.write(chunk)`. Every event then costs aiohttp's client parser, a StreamReader future, a task
-step, an async generator turn and StreamWriter's accounting before one `send`: ~90 us of CPU per event,
-so at 256 concurrent streams the worker, not the engine, set the throughput (0.42x direct). Here every
-JSON request (what the SDK would post with `json=`) is sent by a small HTTP/1.1 client of our own over
-kept-alive loopback connections; once the engine's head is in, each `data_received` of the engine
-connection decodes its chunks and writes them to the client's transport in one write (what arrived
-together leaves together; nothing waits for more). A non-streamed answer is read whole, as before.
-
-Everything else is unchanged: the SDK still parses the envelope, checks the signature, counts the
-request and its outcome; the guards' engine timeouts (BAKERY_ENGINE_CONNECT_TIMEOUT,
-BAKERY_ENGINE_IDLE_TIMEOUT) and keep-alive (guards.ENGINE_KEEPALIVE) apply to this client, a client
-gone mid-stream closes the engine connection (engine_close), and multipart requests keep the SDK's
-aiohttp client. The answer object has what the SDK and the guards read of aiohttp's ClientResponse
-(status, headers, content_type, read(), close()). `respond` is the routes' `response_generator` (a
-public HandlerConfig option): it streams answers of this client as above and answers of aiohttp's
-exactly as the SDK's default does.
-
-Imports only the standard library at import time; aiohttp (`web`) and multidict come from the
-worker's venv when used.
+The SDK's `iter_any()` loop cost a task step and more per event: the worker, not the engine, set throughput. A
+small HTTP/1.1 client on kept-alive loopback connections writes what each `data_received` decodes at once. The
+guards' timeouts and engine_close apply; multipart keeps the SDK's client. See docs/serving.md.
 """
 
 from __future__ import annotations

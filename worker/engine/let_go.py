@@ -1,25 +1,8 @@
 """Letting the event loop go between the CPU-heavy steps of one large request.
 
-The worker serves every request on one asyncio loop, and a large body costs several passes in a row:
-bakery's checks, the SDK's parse, bakery's serialisation of the payload for the engine. Each is C
-code that holds the loop, and nothing between them waits for I/O, so another request arriving
-meanwhile waited for all of them back to back (a signed 4 MiB body nested 60 deep: ~2.3 s, where
-one parse is ~1.3 s; tests/worker/test_loop_stall.py). `await pause()` between two steps lets the
-loop serve whatever is ready first: one `sleep(0)` is not enough, since another request needs a few
-loop iterations (its bytes read, its task started, its handler run, its answer written) and each
-yield gives it one; PAUSE_ITERATIONS of them give it as many, however slowly a busy machine runs
-the worker (a timer would expire first there). Only for a request whose body is large (`mark()`,
-set by the envelope guard for the request's context, which the SDK's engine-call task inherits): a
-small request pays nothing.
-
-The step in which the SDK parses a large signed body runs without the cyclic garbage collector
-(`quiet_collector()`), and what it made is then left out of the collector's passes until the request
-ends (`gc.freeze()`, undone by `thaw()`): a parse that makes millions of lists spends most of its time
-in the collections their allocation triggers (a 4 MiB body nested 60 deep: 0.7 s, 0.2 s without),
-and re-enabled on them the collector would pass over them all again, a stall of ~0.4 s each time.
-JSON makes no reference cycles; whatever else became cyclic garbage meanwhile is collected after.
-
-Imports only the standard library.
+Each step holds the one loop; `pause()` yields PAUSE_ITERATIONS times (one sleep(0) is too few, a timer would
+expire first on a busy machine), so a waiting request gets its turns. Only for a `mark()`ed large body. The
+SDK's parse runs without the cyclic collector, what it made frozen until `thaw()`. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The streamed body's relay in C: bakery-relay (worker/relay/bakery_relay.c) moves it after the head.
 
-Why (issue 24): with one engine read and one client write per event left, the worker's cost per
-streamed event was the kernel's recv and send (~12-13 us on the AMD EPYC host) plus uvloop's and
-bakery's Python around them (~5-7 us). The helper does the same two system calls from an epoll loop
-in C, so a stream's events cost no Python at all; the worker hands it a stream once the answer's
-head and first events are written, and takes the engine connection back at the body's end.
-
-What is handed: a chunked engine answer with its framing at a chunk boundary, to a plain (not TLS)
-client transport that has nothing unsent, both with a socket. The wire front hands a stream over as
-soon as its head is in, with the head it would write (`head`): the helper writes it with the body's
-first bytes, so at a burst a stream's first token waits for no turn of this loop, and a body that
-fails before any byte leaves the head unwritten (the outcome says so) for the worker's error answer.
-Anything else, a helper that is not there or has died, or a start message the socket cannot take at
-once, is relayed in Python (forward.relay) exactly as before. The outcome of a handed stream becomes
-the engine answer's own end or failure (forward.Answer.take_back), so the SDK's accounting, the
-guards' timeouts' 504s, engine_close and the drain see what they see of a Python relay. BAKERY_RELAY=python keeps every
-stream in Python; BAKERY_RELAY_PROGRAM names the helper (default: worker/relay/bakery-relay beside
-this package, where an image build puts it).
-
-Imports only the standard library.
+The helper does a stream's recv and send from an epoll loop in C, so its events cost no Python. Only a chunked
+answer to a plain client socket with nothing unsent is handed; the rest goes to forward.relay. The outcome is
+the answer's own, so the accounting and the drain see no difference. See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
-"""Front processes: the wire front's work on more than one core (issue 24; docs/serving.md, "Front
-processes").
+"""Front processes: the wire front's work on more than one core, so a burst's first tokens wait less.
 
-Why: at a burst every request costs the worker's one loop ~130 us from its bytes to its engine send
-(bench: BENCHMARKS.md, "A burst's first token, step by step"), so the median caller's first token
-waits for ~half the burst's requests before it. Two processes halve that wait; two complete workers
-on one port took a burst of 256 streams from +32 to +13 ms of first token on a 2-core host.
-
-How: the worker as it is stays the primary: it accepts every connection on WORKER_PORT (so the
-connection cap is counted in one place), and keeps everything the platform sees (the SDK's reports,
-counters and queue estimate, the key and the signature memo, the drain, aiohttp.web). It gives each
-admitted connection in turn to one of BAKERY_FRONT_PROCESSES front processes (front_process.py)
-or keeps it, and a given connection's descriptor goes over a Unix socket (SCM_RIGHTS). A front
-process runs the wire front with its own engine pool and bakery-relay; it serves a plain signed
-request whose (url, signature) pair the primary's memo accepted under the current key (model loaded,
-no drain), and gives any other request back to the primary with its connection and the bytes read so
-far, which the primary's own front then reads as if it had read them itself. Per request it sends
-the SDK's outcome calls (start, success or errored or canceled, end, reject) with their figures, a
-batch per loop turn, and the primary applies them with the SDK's own functions: the reports, the
-workload and the queue estimate stay the SDK's, and the drain counts a front's requests in flight.
-Every 50 ms the primary sends what a front needs to judge a request (the pairs, the loaded mark, the
-drain, the queue estimate). Request bodies held count against BAKERY_MAX_BUFFERED_BYTES across every
-process (a shared counter: admission.Budget's slots). A front process ends with the primary
-(PR_SET_PDEATHSIG); one that ends first is said, its requests in flight are reported as failed and
-its connections closed, the primary serves alone, and a new one is started in its place after a
-pause that doubles while they keep ending soon (1 s up to a minute); not while draining, and not for
-one that never became ready.
-
-Imports only the standard library and the worker's own modules.
+The primary accepts every connection (the cap counted in one place) and keeps all the platform sees: the SDK's
+reports, the key, the memo, the drain. It passes connections (SCM_RIGHTS) to front processes, which serve
+plain signed requests and give back any other with its bytes. See docs/serving.md, "Front processes".
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
-"""The wire front: port 3000's plain signed requests served below aiohttp.web (issue 24).
+"""The wire front: port 3000's plain signed requests served below aiohttp.web, skipping its per-request cost.
 
-Why: aiohttp.web's machinery per request (its protocol, request and response objects, the middleware
-chain, the SDK's handler task) was over half of the worker's ~0.5 ms of CPU per request, and at 256
-concurrent streams every caller's first token waited behind all of it (bench/relay_floor.py: the
-leanest aiohttp.web proxy alone costs 0.66 ms per request on uvloop; a Python relay 0.12 ms).
-
-How: every connection on WORKER_PORT starts on this protocol. A request it recognises whole is served
-here: a strict HTTP/1.1 head (no Transfer-Encoding, Expect or Upgrade, one Content-Length), a POST to
-a route's path, a JSON body already in hand and under BODY_MAX, an envelope signed_first.py reads
-without a problem and whose (url, signature) the signature memo already accepted under the platform's
-current key (or UNSECURED), the model loaded, no drain, room in the body budget. It then goes through
-own_handler's steps (the SDK's parse, workload, signature check with every guard's layer, queue
-check, engine call, outcome calls) and its answer is written on the transport as aiohttp.web would
-write it: status line, the same headers, the same JSON error bodies (rules.BARE, the 504 of an engine
-timeout), access lines through aiohttp's access logger class.
-
-Anything else -- any other path or method, a head or body still arriving, a body over BODY_MAX, a
-charset, a new signature, every refusal -- is handed to aiohttp's own protocol for this connection,
-fed the bytes exactly as they came, and the connection stays aiohttp's: what port 3000 refuses, and
-how, is still the guards' and aiohttp's. A connection the front holds counts against
-BAKERY_MAX_CONNECTIONS (admission.Connections.fronted) and is closed after BAKERY_HEADER_TIMEOUT
-without a whole request, as aiohttp closes one. BAKERY_FRONT=aiohttp leaves every request to aiohttp.
-
-Imports the standard library and the worker's own modules; aiohttp (its access logger, its server
-name) and msgspec (signed_first.py) come from the worker's venv when the front is made.
+A request it recognises whole (a strict head, a route's POST, the body in hand, a pair the signature memo
+accepted, the model loaded, no drain) goes through own_handler's steps, answered as aiohttp.web would. The
+rest goes to aiohttp's protocol with its bytes as they came: refusals stay the guards'. See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,8 @@
 """An error line in the engine's log after the model loaded counts only if the engine is really down.
 
-vastai 1.9.1 matches every line of MODEL_LOG against MODEL_ERROR_LOG_MSGS for the worker's whole
-life, and one match marks the worker errored for good (`backend_errored` -> the status reports'
-`error_msg`, never cleared). Before the model is loaded that is right: a traceback then is a failed
-load. After it, engines print tracebacks they handle and go on serving (vLLM and SGLang log one for a
-request whose handler raised, uvicorn for an exception in one connection), and
-`Traceback (most recent call last):` is in both engines' baked error lines: one such line took a
-healthy worker out of the autoscaler's rotation for good.
-
-The policy (docs/engines.md, "The worker's error policy after load"):
-- before the model is loaded (the SDK's loaded flag is not set, or the worker is already errored),
-  every error line counts, as in the SDK;
-- the engine's exit line (`INFO exited: <engine>`, written by bakery's entry point when the
-  engine program exits, worker/boot/supervise.py) counts at once, also after load;
-- any other error line after load counts only if the engine's health endpoint (MODEL_HEALTH_ENDPOINT)
-  fails: any answer but 200, a refused connection or no answer within PROBE_TIMEOUT. It is probed at
-  once, then again until BAKERY_LATE_ERROR_PROBES probes in a row have answered 200,
-  BAKERY_LATE_ERROR_INTERVAL seconds apart (an engine that is dying may log its traceback a moment
-  before its health fails). A line that arrives during a check starts the count again, so every
-  line gets a whole check. When the health holds, the line does not count: one warning naming it
-  (at most one per WARN_EVERY seconds, with the count of the lines since the last one; a debug line
-  for the checks in between), the worker stays ready;
-- what the SDK reports itself (its own health check's failure after load, a failed benchmark, the
-  public key) passes through unchanged.
-An error line that counts also asks the SDK for a status report at its next 1 s tick: the errored
-report leaves within about a second instead of at the SDK's next 10 s report, inside the grace
-worker/boot/supervise.py gives it before it stops the container.
-
-The SDK's tail loop keeps reading after an error line (its `break` only leaves the loop over the
-line's log actions), so a later line, a real failure after a held one, still reaches this module.
-
-Installed by serving.install (the SDK's `backend_errored` is wrapped on the Backend instance);
-log_tail hands it each line the SDK reads, so the warning can name the whole line, not only the
-pattern it matched. This module imports only the standard library.
+vastai 1.9.1 marks the worker errored for good on any error line, but engines log tracebacks they handle.
+After load a line counts only if it is the engine's exit line or its health endpoint fails; one that counts
+asks for a status report at the SDK's next tick. Standard library only. The policy: docs/engines.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """One escaping rule for the worker's log: nothing a caller sent is written into it raw.
 
-A caller reaches the log through values: a request path or header in aiohttp's access line, an
-`auth_data.url`, a session's `on_close_route`, payload keys, an engine's error text, an exception's
-message. Written raw, a newline or carriage return forges a line of its own (a fake "Worker Status"
-block, a fake refusal), an ANSI sequence (`ESC [2J`) clears or recolours the terminal of whoever
-reads the log, U+2028/U+2029 break lines in viewers that honour them, bidi overrides reorder what is
-shown, and a 100 KB value floods the log. The rule, applied by `Escaper` (a logging filter the
-log_hygiene guard puts on every handler of the root logger, where the SDK's, aiohttp's and
-bakery's records all go, and on aiohttp's loggers themselves):
-
-- every character of UNSAFE in a record's message is written as an escape (`\\n`, `\\r`, `\\t`,
-  `\\x1b`, `\\u2028` ...): the C0 and C1 controls and DEL, the Unicode line and paragraph separators,
-  the bidi and other invisible format characters, and lone surrogates (undecodable bytes). A
-  backslash is left as it is: text that looks like an escape is text, it breaks no line. The SDK's
-  two multi-line blocks (its status report and benchmark lines, `BLOCK`), whose values are JSON or
-  numbers, keep their own newlines and nothing else;
-- each value is cut to VALUE_LIMIT characters as sent (an escaped one shows as up to six; a note
-  gives its length): the arguments of a
-  %-style record (bakery's lines), the request line and headers of an access line (its record's
-  `extra`), and the caller-derived parts of the SDK's f-string lines (SDK_VALUES: their text is
-  formatted before any filter sees it, so the parts are found by the SDK's own wording);
-- the whole message is cut to MESSAGE_LIMIT characters, and an exception's message (a traceback's
-  last line, of each exception in its chain) is escaped to one line and cut to VALUE_LIMIT: the
-  frames of a traceback are the worker's code, its message may be a caller's text.
-
-Escaping is idempotent and a record is escaped once (ESCAPED), so the filter on a logger and on a
-handler do not escape twice. It runs before the query-string and token redactions (front.py), which
-then see the whole value on one line.
-
-This module imports only the standard library.
+`Escaper`, a logging filter the log_hygiene guard installs, escapes every UNSAFE character and cuts values to
+VALUE_LIMIT and messages to MESSAGE_LIMIT. It is idempotent and runs once per record (ESCAPED), before
+front.py's redactions. Standard library only. The rule in full: docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The engine's log is read on the event loop, not through a thread per line.
 
-vastai 1.9.1 tails MODEL_LOG for its whole life (load and error lines) with anyio's `open_file`,
-whose every `readline()` runs in a worker thread: a queue hand-off, a condition wake-up and a GIL
-hand-back per line, taken from the one thread that also serves :3000. Engines log a line per request
-(vLLM's and llama.cpp's access lines), so under traffic that cost grows with the request rate, and a
-profile of 16 concurrent streams put the tail at about a tenth of the worker's busy time, in the
-same moments its requests were being set up. Reading a local regular file does not block in any way
-that matters (a few kilobytes from the page cache), so the SDK's backend gets an `open_file` that
-reads in place: the same calls (`await f.readline()`, `await f.aclose()`, `async with`), the same
-text decoding, no thread. Each line read is also handed to `seen` when one is given (late_errors,
-to name the whole line an error pattern matched).
-
-Installed by serving.install before the server starts (the SDK opens the log after its HTTP sites
-are up). This module imports only the standard library.
+vastai 1.9.1 tails MODEL_LOG with anyio's `open_file`: a thread hand-off per line, taken from the thread that
+serves :3000. A local file's read does not block in any way that matters, so the SDK gets an `open_file` that
+reads in place (same calls and decoding), handing each line to `seen`. Standard library only; docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Time to ready, stage by stage: each moment of the boot is named by whoever sees it happen.
 
-Scale-from-zero is the wait a serverless user lives with, so where it goes must be readable per
-launch, from the logs alone (no probe, no sleep). Two readers write stage lines, each with the
-wall-clock time it saw the stage:
-
-    bakery: stage <name> at <unix seconds>: <what marked it>           (the entry point)
-    bakery-worker: stage <name> at <unix seconds>: <what marked it>    (the worker)
-
-The entry point (PID 1, running before the engine starts) watches MODEL_LOG from the moment it
-rotates it (`watch`, a thread polling every POLL_SECONDS), so the engine's own progress is stamped
-as it happens, however late the worker starts:
-- `load_begins`: the first MODEL_LOG line holding one of BAKERY_LOAD_BEGIN_LOG_MSGS;
-- `weights_loaded`: the first holding one of BAKERY_WEIGHTS_LOADED_LOG_MSGS;
-- `engine_ready`: the first holding one of MODEL_LOAD_LOG_MSG (the engine is ready).
-The worker names what only it sees:
-- `benchmark_begins`: the SDK's own log tail read the load line and starts its benchmark (from
-  `engine_ready` to here is the worker's part: its own start when that came later, and the tail's poll);
-- `benchmark_done`: the SDK marked the model loaded (after its benchmark; with a key that came late,
-  when the key came: guards' pubkey_retry holds the mark back until then);
-- `ready_report_sent`: the status report saying so reached the control plane (report_soon's send).
-An engine whose spec bakes no stage lines skips those stages; the gate (tests/image/stages.py) and
-docs/cold-start.md read the lines. A matched line is shown escaped and cut (it is the engine's text).
-
-This module imports only the standard library.
+The entry point's `watch` stamps the engine's stages from MODEL_LOG (`bakery: stage ...`); the worker stamps
+what only it sees (`bakery-worker: stage ...`). Standard library only: the entry point imports it before the
+engine starts. The stages and who reads them: docs/cold-start.md.
 """
 
 from __future__ import annotations

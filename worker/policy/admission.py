@@ -1,44 +1,8 @@
 """Admission at port 3000: global bounds on what all requests together may hold, and no compressed bodies.
 
-The body limit (BAKERY_MAX_BODY_BYTES) bounds one request; nothing bounded all of them: a thousand
-connections each sending a 16 MiB body would be buffered side by side. This module adds, as part of
-the `limits` guard (guards._install_limits):
-
-- **A byte bound** (BAKERY_MAX_BUFFERED_BYTES): request body bytes held by all requests at once. A
-  request reserves its body before any of it is buffered: the whole Content-Length when it has one,
-  and chunk by chunk as it is read when it is chunked (its `read()` is replaced on the request, so
-  every reader, aiohttp's `text()`/`json()` and the SDK included, goes through the reservation). A
-  request that does not fit gets 503 JSON with Retry-After (BAKERY_RETRY_AFTER); a request already
-  admitted is never refused later, so signed requests in flight, streams included, finish. The
-  reservation is released when the request ends, however it ends: answered, refused, timed out,
-  cancelled because the client left.
-- **A connection cap** (BAKERY_MAX_CONNECTIONS): connections open on WORKER_PORT. A connection
-  beyond it is answered at accept time, before aiohttp makes a protocol, a parser or a buffer for
-  it: a fixed 503 JSON with Retry-After and `Connection: close`, then the write side is shut and what
-  the client sends is discarded for at most LINGER_SECONDS (so it reads the answer instead of a
-  reset), at most MAX_LINGERING such connections at once (beyond that they are closed right after
-  the answer). Nothing on an admitted connection is touched, so a flood of connections cannot cut
-  or slow an admitted stream beyond the event loop time a refusal costs (tens of microseconds).
-  Idle keep-alive connections, and connections that never finish their headers, are closed by the
-  header timeout (BAKERY_HEADER_TIMEOUT, aiohttp's keep-alive timer), so they hold a slot that long
-  at most.
-- **A send bound** (BAKERY_SEND_TIMEOUT): a connection with bytes on their way to its client (in a
-  write buffer here or in the kernel's send queue) whose client acknowledges none of them for that
-  long is cut (SendWatch): nothing but a connection that makes progress keeps its slot, in every
-  state, signed or not, whichever process or relay writes to it.
-- **No Content-Encoding on requests**: a request declaring any content coding but `identity` gets
-  415 JSON naming the header, before anything reads its body, and aiohttp's own decompression of
-  request bodies is turned off (`auto_decompress=False`), so no decompressor ever runs on the event
-  loop: the platform's router sends plain JSON. Measured before: a 41 KB gzip body that inflates to
-  40 MiB was inflated in steps of up to the body limit (16 MiB each) and refused with 413 only after
-  ~32 MiB, holding the event loop ~0.5-0.6 s and raising the worker's peak memory by ~84 MB; `br`
-  and `zstd` got aiohttp's plain-text 400.
-
-The worker raises its soft open-files limit to what the cap needs (client connections, one engine
-connection per admitted request, the refusals), up to the hard limit, and warns when that is not
-enough: accept() and the engine's connect failing with EMFILE would hurt admitted requests.
-
-Imports only the standard library at import time (aiohttp's `web` is passed in).
+Part of the `limits` guard: a bound on body bytes buffered at once, a connection cap answered at accept time
+(503 + Retry-After), a send bound on clients that take no bytes, and 415 for any Content-Encoding (no
+decompressor on the loop). An admitted request is never refused later. Stdlib only. See docs/security.md.
 """
 
 from __future__ import annotations

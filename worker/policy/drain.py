@@ -1,24 +1,8 @@
 """Graceful drain: on SIGTERM the worker refuses new requests and lets those in flight finish.
 
-`docker stop` (and the platform stopping an instance) sends SIGTERM and kills after a grace of 10 s
-by default. Without this module the worker died at once and every request in flight, a streamed
-answer half-sent included, was cut. With it:
-
-1. SIGTERM (or SIGINT) starts the drain: every later request on the model routes gets 503 with
-   Retry-After and `Connection: close`; the listener stays open so a client gets that answer rather
-   than a refused connection.
-2. Requests in flight run to their end (a streamed answer to its last byte), up to
-   BAKERY_DRAIN_TIMEOUT seconds (default 8, inside Docker's default grace).
-3. The outcomes of the requests that ended meanwhile (served, and refused with 503) are sent to the
-   autoscaler before the exit (the SDK sends them once a second: the last ones would be lost), within
-   what is left of the drain time and at least FLUSH_FLOOR seconds (inside the 2 s the entry point
-   gives the worker beyond the drain).
-4. The worker exits 0; the entry point then stops the engine (worker/boot/supervise.py orders the
-   two, and gives the worker the drain plus 2 s before a SIGKILL).
-
-Hooked into the SDK's server through the guards' Context (an outermost middleware and a startup
-hook); this module imports only the standard library at import time, so its rules are unit-tested
-on the host.
+Within `docker stop`'s 10 s grace, later requests on the model routes get 503 + Retry-After (the listener
+stays open), those in flight, streams included, run to their end within BAKERY_DRAIN_TIMEOUT, the last
+outcomes reach the autoscaler, and the worker exits 0. Stdlib only at import. See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,8 @@
 """Guards the worker puts around the vastai SDK's HTTP server (port 3000): what the SDK leaves open.
 
-Each guard is named in ACTIVE and installed by install(); removing a name disables that guard and
-nothing else. The guards and the SDK internals they hook (vastai 1.9.1). Every hook is a row of
-sdk_seam.HOOKS and is reached through sdk_seam's functions only (this module names no SDK private);
-the table is checked at start (core.run exits 4 naming a missing hook instead of running unguarded)
-and pinned by tests/worker/test_sdk_seam.py and test_guard_hooks.py:
-
-- own_url: a signature counts only when auth_data.url is this worker's own URL (the `url` of its
-  status reports, `Metrics.url`) and the signature is canonical base64 of exactly the key's size
-  (else the SDK logs it raw) -> 401. Hook: the instance's `_Backend__check_signature`.
-- sessions: /session/* answers 404 unless BAKERY_SESSIONS=true; when on, every call must be signed
-  for this worker (its auth object checked before the body is parsed: signed_first.py), lifetimes
-  are capped and the close callback may only go to REPORT_ADDR's host.
-- self_update: /pyworker/* -> 403 (an image is version-locked; vastai lets an empty MASTER_TOKEN in).
-- limits: request body size (413), body read time (408), header time (keep-alive timer), engine
-  connect and idle-read timeouts (504). Hooks: the `web` name the SDK's server module uses
-  (Application/AppRunner/TCPSite), the `session` cached_property, `_Backend__call_backend`. With it,
-  admission.py: the global bounds on buffered body bytes and open connections (503 + Retry-After)
-  and no Content-Encoding on requests (415).
-- not_ready: the model routes answer 503 + Retry-After until the SDK marks the model loaded.
-- envelope: a malformed envelope -> 422 JSON (never the SDK's 500), one not signed for this worker ->
-  401 before anything parses its payload (signed_first.py), and the SDK's body-less refusals
-  (401/429/500) get a JSON body. Hooks: `_Backend__check_signature`, `Metrics._request_reject`.
-- pubkey_retry: the public key is fetched until it loads, with bounded backoff; the worker reports
-  itself loaded only once it has the key; then it is fetched again periodically and on a run of
-  signature failures, rate-limited (key_rotation.py). Hooks: `_fetch_pubkey`,
-  `_Backend__pubkey_fetch_complete`, `Metrics._model_loaded`, `_Backend__check_signature`.
-- log_hygiene: no log line prints a query string, or the part of MASTER_TOKEN the SDK's status block shows,
-  or a caller's text raw: control characters escaped, values bounded (log_escape.py).
-- http_listener: the SDK's second listener (WORKER_HTTP_PORT) binds 127.0.0.1 only.
-- outcomes: what the autoscaler is told about refused requests. A refusal the SDK never sees (503
-  before the model is loaded or while draining) or does not report (its own 422), of an envelope
-  signed for this worker, reaches /delete_requests/ as "Rejected", as the SDK's own 401/429 do; and
-  a forged request (its 401 is reported by the envelope guard, or by the SDK without it) counts no
-  load in rej_load, since its workload is computed from a payload nobody signed. Hooks:
-  `_Backend__check_signature`, `Metrics._request_reject`, the SDK's AuthData and RequestMetrics types.
-
-The request rules and middlewares themselves are bakery's HTTP policy in rules.py (no SDK there);
-this module wires them, and the hooks, to the SDK through sdk_seam.py.
-
-At import time this module imports only the standard library and the worker's own stdlib-only
-modules (its rules are unit-tested on the host); aiohttp and the SDK are imported by install(),
-inside the worker's venv.
+Each guard is named in ACTIVE and installed by install(); removing a name disables that guard alone. The rules
+are rules.py's; every SDK hook is a row of sdk_seam.HOOKS, checked at start (a missing one exits 4 rather than
+run unguarded). Stdlib only at import; install() imports aiohttp and the SDK. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Key rotation: the worker follows the autoscaler's public key without a restart.
 
-vastai 1.9.1 fetches `REPORT_ADDR/pubkey/` once at start and checks every signature against that key
-for the life of the process: a key the autoscaler rotated away from stays accepted, and requests
-signed by the new one are refused, until the worker restarts. Once the first key is loaded (the
-pubkey_retry guard), the worker fetches it again:
-
-- periodically, every BAKERY_PUBKEY_REFRESH seconds (default 300) since the last fetch: a key the
-  autoscaler no longer serves stops being accepted at most REFRESH + BAKERY_PUBKEY_FETCH_TIMEOUT
-  seconds (default 310 s) after the autoscaler switched, provided it answers;
-- after a run of FAILURE_RUN signature failures in a row (any refusal of the signature check:
-  misshapen, foreign URL, or a failed verification: a new key of another size is refused as
-  misshapen before the SDK sees it), but never sooner than BAKERY_PUBKEY_REFETCH_MIN seconds
-  (default 10) after the previous fetch of any kind: a flood of unsigned traffic makes at most one
-  fetch per REFETCH_MIN, plus the periodic ones.
-
-The overlap: the signature check is synchronous (the SDK calls it in its handler without awaiting),
-so the request whose failure asks for the re-fetch is not checked again; it gets the SDK's 401, which
-the SDK reports to the autoscaler as Rejected, and the platform retries it. Requests signed by the new
-key are accepted from the moment the fetch completes (within REFETCH_MIN + the fetch's time of the run
-of failures). Only one key is trusted at a time: once the new one is in, the old one is refused at
-once. A fetch that fails (autoscaler unreachable, not a key) keeps the current key, and is retried
-REFETCH_MIN later.
-
-This module imports only the standard library at import time (aiohttp and pycryptodome, in the
-worker's venv, when a key is fetched).
+The SDK fetches the key once at start. Once it is loaded, this fetches it again every BAKERY_PUBKEY_REFRESH
+seconds and after FAILURE_RUN signature failures in a row, never sooner than BAKERY_PUBKEY_REFETCH_MIN after
+the last fetch. One key is trusted at a time; a failed fetch keeps it. See docs/security.md, "Key rotation".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""A forged signature refused at a tenth of the SDK's cost: RSASSA-PKCS1-v1_5 with SHA-256 (RFC 8017 8.2.2).
+"""RSASSA-PKCS1-v1_5 with SHA-256 (RFC 8017 8.2.2): a forged signature refused at a tenth of the SDK's cost.
 
-The SDK checks a signature with pycryptodome's `pkcs1_15`: ~0.48 ms of CPU for a 2048-bit key on this
-machine, nearly all of it spent converting 2048-bit integers between Python and GMP (the modular power
-itself is ~26 us). Anyone who reaches port 3000 can send a well-formed signature that does not verify,
-and each one cost that. `Verifier.verify` does the same steps on pycryptodome's GMP integers from
-bytes (no conversion through Python ints): ~55 us.
-
-It only ever refuses. signature_memo.py calls it first and refuses a signature it finds invalid; one it
-finds valid still goes to the SDK's own check, which decides (so a mistake here could refuse a good
-signature, never accept a bad one). `tests/worker/test_pkcs1.py` holds its verdicts to pycryptodome's
-over valid, bit-flipped, foreign, out-of-range and differently padded signatures, both encodings of the
-DigestInfo (with and without NULL parameters, as pycryptodome accepts both for SHA-256).
-
-Uses pycryptodome (the SDK's dependency, in the worker's lock; imported when a Verifier is made), nothing
-of the SDK.
+`Verifier.verify` works on pycryptodome's GMP integers from bytes, with no conversion through Python ints. It
+only ever refuses: what it finds valid still goes to the SDK's check, so a mistake here could refuse a good
+signature, never accept a bad one. tests/worker/test_pkcs1.py holds it to pycryptodome. See docs/security.md.
 """
 
 from __future__ import annotations

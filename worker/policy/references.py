@@ -1,29 +1,8 @@
 """No internal address through a reference: the URLs a signed request makes the engine fetch.
 
-An OpenAI-compatible engine fetches what a request names: `image_url`, `audio_url`, `video_url`
-(each a string or an object with `url`) in chat, batch, embedding, score and rerank messages,
-`input_audio.data` and `file.file_data` (base64, or a URI), the speech routes' `ref_audio`,
-`ref_audio_2` and `references[].audio_path`, the image edit's `url` and the video route's
-`image_reference`/`video_reference`/`audio_reference`. The engine runs inside the instance, so a
-reference to 127.0.0.1, a private network or the cloud's metadata service (169.254.169.254) would
-be a request forgery from inside. Here every such reference must be a `data:` URI or an http(s) URL
-(uploads.check_reference: its syntax, and nothing two URL parsers could read apart) whose host is
-public: not a metadata name nor one under `localhost.`, and every address it resolves to a public one (not
-loopback, link-local, private, shared, unspecified, multicast or reserved, nor an IPv6 form
-embedding such an IPv4). BAKERY_ALLOW_PRIVATE_REFERENCES lists the hosts and ranges a private
-deployment allows anyway.
-
-The check runs once the signature is verified, where the SDK hands the request to the engine (the
-sdk_seam hook "call_backend"), so an unsigned request costs nothing here. Names are resolved with
-getaddrinfo (what the engine's library calls) on a small thread pool of its own, all of a request's
-names at once within BAKERY_REFERENCE_RESOLVE_TIMEOUT; a request carries at most
-BAKERY_MAX_REFERENCES URLs. A refusal is a 422, JSON naming the field by its path into the payload:
-`{"error": "payload.messages[0].content[1].image_url.url: ...", "payload": {"messages[0]...": "..."}}`.
-
-The engine resolves the name again when it fetches (a name may change its answer: DNS rebinding) and
-may follow redirects: docs/security.md says what remains.
-
-This module imports only the standard library and the worker's stdlib-only modules.
+The engine runs inside the instance, so each reference must be a `data:` URI or an http(s) URL whose host
+resolves only to public addresses (BAKERY_ALLOW_PRIVATE_REFERENCES allows more), else 422 naming the field.
+Checked after the signature, names resolved off the loop. Stdlib only. docs/security.md says what remains.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """bakery's own HTTP policy at port 3000: the request rules and aiohttp middlewares of the guards.
 
-What port 3000 refuses, and how it answers, is bakery's code, not the SDK's: the envelope shapes the
-SDK can serve, the body limits, the answer before the model is loaded, the session rules, the
-self-update refusal, the query-string redaction of log lines. Each middleware is made by a factory
-from plain values and callables (a route list, limits, `is_loaded()`, `verify(auth)`), so this
-module imports nothing of the SDK: guards.py builds them with what sdk_seam.py reads from the SDK
-(the signature check with the key the SDK fetched, the loaded flag) and gives them their order.
-
-Imports only the standard library; `web` (aiohttp.web) is passed in.
+What port 3000 refuses, and how it answers, is bakery's code, not the SDK's. Each middleware is made by a
+factory from plain values and callables, so this module imports nothing of the SDK: guards.py builds them from
+what sdk_seam.py reads and orders them. Stdlib only; `web` is passed in. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,8 @@
-"""A signature the platform made is checked once per key, not at every request (issue 24).
+"""A signature the platform made is checked once per key, not at every request.
 
-The platform signs `{"url": <this worker's URL>}` alone, with PKCS#1 v1.5, which is deterministic: every
-request it sends this worker carries the same signature until its key changes. The SDK checks each one
-with pycryptodome: ~0.48 ms of CPU on this machine for a 2048-bit key (most of it converting the
-integers to and from GMP), and a signed request was checked twice (bakery's envelope guard, before the
-payload is parsed, then the SDK's handler): about 1 ms of every signed request's CPU, more than the rest
-of the request.
-
-This layer is the innermost of the SDK's signature check (installed before the guards wrap it). It
-remembers the (url, signature) pairs the check accepted, each with the key object that accepted it; the
-same pair under the same key is accepted again without the RSA step, as the check would: its verdict is
-a function of the key, the url and the signature alone. A new key (key_rotation installs a new object)
-meets no pair. Only accepted pairs are kept, at most MAX_PAIRS (the oldest goes first), so a forger can
-neither fill it nor skip a check: a refused signature is checked in full every time. On a hit the SDK's
-one side effect of an accepted signature is kept: its Backend.reqnum becomes the highest reqnum seen.
-With UNSECURED=true the SDK's check is called as it is (it accepts everything anyway).
-
-A pair it does not know is first verified by pkcs1.py, ~55 us where the SDK's check takes ~0.48 ms: a
-signature that does not verify is refused there, without the SDK's check (and without the SDK's ERROR
-line per forged request, which printed the signature: refusals are logged at the 1st, 10th, 100th ...).
-One that verifies goes to the SDK's check, which decides. So a forged signature costs a tenth of what it
-did, and only the SDK's check ever accepts one.
-
-`first_pairs` lets the wire front check a pair itself while no pair is known under the key loaded: a
-fresh worker's first burst (the platform routes it as soon as the worker reports loaded), or the first
-after a new key. Before, the wire front handed each such request to aiohttp.web's path until one of
-them had been checked there, so a fresh worker served the start of its first burst at aiohttp.web's
-cost, each request with the SDK's full check (first token +35 to +41 ms at 256 streams through the
-SGLang image, against +14 to +33 in the rounds after). The check is the one a request meets (every
-guard's layer, own_url first). Its refusals are bounded (MAX_LEARN_REFUSALS per key; a refused request
-goes on to aiohttp.web's path, which refuses it again and answers), and once a pair is known an
-unknown one goes to aiohttp.web's path as before: a forger pays the check twice a bounded number of
-times per key.
-
-Imports the standard library and pkcs1.py (pycryptodome); the SDK's points go through sdk_seam.
+The platform's signature is deterministic, so each (url, signature) pair the SDK's check accepted is kept with
+the key object that accepted it (at most MAX_PAIRS); a new key meets none. Refused pairs are never kept; an
+unknown pair goes to pkcs1.py first, and only the SDK's check ever accepts. See docs/serving.md.
 """
 
 from __future__ import annotations

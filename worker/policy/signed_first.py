@@ -1,32 +1,8 @@
-"""Signed first: an envelope's signature is checked before any work that costs more than reading its
-body once, and only a signed envelope is parsed whole (once, by the SDK).
+"""Signed first: the signature is checked before the payload is parsed; only a signed body is parsed whole.
 
-The SDK parses the whole body, builds the payload (an upload route base64-decodes every upload) and
-counts its workload before it checks the signature; bakery's envelope guard parsed it once more
-before that. An unsigned 16 MiB body of `{}` items cost ~800 MiB and 1.7 s of the event loop, a deep
-one 1.5 GB and 23 s (bench/unsigned_bench.py). Here the body is first read with msgspec into the few
-top-level fields the envelope has, each kept as raw JSON text (`msgspec.Raw`): the whole text is
-validated, nothing of the payload is materialised, other keys are skipped. The auth_data fields the
-signature check needs are decoded from their raw text, bounded; the envelope's shape is judged (422,
-as envelope_error would); the signature is checked with the SDK's own check (every guard's layer);
-an envelope not signed for this worker is refused with 401 and reported as the SDK reports its own
-401 (no load). Only then are the checks that make the SDK's one parse safe run (strict UTF-8,
-nesting, integer literal length), each a pass over the body at C speed with the event loop let go
-between them (let_go.py), and the request reaches the SDK.
-
-What this reader refuses that Python's json accepted: NaN and Infinity, and lone UTF-16 surrogate
-escapes (`"\\ud800"`): neither is JSON (RFC 8259), and an attacker could use either to make the
-worker fall back to a materialising parse. auth_data's url and signature longer than AUTH_TEXT_LIMIT
-are taken as not signed (the platform signs its worker URL: tens of bytes).
-
-The envelope the platform sends (every auth_data field, short strings, 64-bit integers, an object
-payload, no session_id, a UTF-8 body up to 64 KiB) is read in one typed decode instead (`read_plain`,
-~5 us against ~11-16): the same Envelope, or nothing and the reading above.
-
-A /session/* call (BAKERY_SESSIONS=true) is read the same way: its auth object (auth_data to create,
-session_auth after) is decoded alone and its signature checked before the body is parsed whole.
-
-Imports msgspec (the worker venv's); rules.py is the HTTP policy it shares (errors, charsets, depth).
+msgspec reads the envelope's top-level fields raw: the text is validated, no payload is built. An envelope not
+signed for this worker gets 401; a signed one then meets the checks that make the SDK's one parse safe, the
+loop let go between them (let_go.py). NaN, Infinity and lone surrogates are refused. See docs/security.md.
 """
 
 from __future__ import annotations
