@@ -33,7 +33,8 @@ def main(plan_path: str) -> int:
         os.kill(os.getpid(), signal.SIGTERM)  # pending: blocked
     return supervise.run_programs(plan["name"], plan["argv"], plan["log"], plan["worker"], grace=plan["grace"],
                                   worker_stop=plan["worker_stop"], engine_stop=plan["engine_stop"],
-                                  pid_dir=Path(plan["pid_dir"]), say=lambda line: print(line, flush=True))
+                                  env=os.environ, pid_dir=Path(plan["pid_dir"]),
+                                  say=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

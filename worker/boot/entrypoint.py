@@ -19,32 +19,34 @@ if __name__ == "__main__":  # not when a test imports this module: its children 
 import fcntl
 import json
 import math
-import os
 import re
 import shlex
 import sys
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # supervise.py, also when loaded by path (tests)
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the worker's stdlib-only config and stages
 import supervise
 
-RUN_DIR = Path(os.environ.get("BAKERY_RUN_DIR", "/run/bakery"))
-READY_MARK = "worker-ready"  # the worker's readiness for health.py (control/ready_mark.py)
+from config import table
+
 WORKER_DIR = Path(__file__).resolve().parent.parent
+RUN_DIR = Path(table.read(table.snapshot(), "BAKERY_RUN_DIR"))
+READY_MARK = "worker-ready"  # the worker's readiness for health.py (control/ready_mark.py)
 TOKEN = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BACKEND_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # the set start_server.sh accepts too
 # The engine's program name: its log lines (`spawned: '<name>'`, `INFO exited: <name>`) and RUN_DIR/<name>.pid.
 PROGRAM_NAME = re.compile(r"^[a-z0-9_-]+$")
 RESERVED_PROGRAMS = {"worker"}
-TRUE, FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # The engine program the image bakes from its spec (bakery.spec.engine_facts.PROGRAM_VAR): the entry point
 # needs no table of engines, and BACKEND=<an alias> still runs the image's own engine program.
 PROGRAM_VAR = "BAKERY_ENGINE_PROGRAM"
 GENERIC_WORKER = "workers/openai/generic.py"  # what an engine without an adapter of its own runs
-DEFAULT_DRAIN = 8.0  # policy/drain.py's default, for a caller that does not pass one
+DEFAULT_DRAIN = table.BY_NAME["BAKERY_DRAIN_TIMEOUT"].default  # the engine alone: no worker to drain
 WORKER_STOP_MARGIN = 2  # seconds beyond the drain for the worker to exit before it is killed
 ENGINE_STOP_SECONDS = 30.0  # from the engine's SIGTERM to its SIGKILL
 
@@ -62,92 +64,101 @@ def single_line(name: str, value: str) -> str:
     return value
 
 
-def flag(name: str) -> bool:
-    """Read a boolean launch variable strictly: a typo must not silently mean false."""
-    value = single_line(name, os.environ.get(name, "")).strip().lower()
-    if value in TRUE:
-        return True
-    if value in FALSE:
-        return False
-    raise BootError(f"{name}={os.environ[name]!r} is neither true nor false: set {name}=true or false")
+def launch(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The launch's variables: `env`, or the table's snapshot of the environment (the one reader of it)."""
+    return table.snapshot() if env is None else env
 
 
-def baked_program() -> str:
+def raw(env: Mapping[str, str] | None, name: str) -> str:
+    """`name`'s text as the table reads it ('' when unset or blank), refused if it holds a control character."""
+    return single_line(name, table.value(launch(env), name) or "")
+
+
+def flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """A boolean launch variable by its row (strictly: a typo must not silently mean false)."""
+    errors: list[str] = []
+    value = table.read({name: raw(env, name)}, name, errors=errors)
+    if errors:
+        raise BootError(errors[0])
+    return bool(value)
+
+
+def baked_program(env: Mapping[str, str] | None = None) -> str:
     """The engine program the image bakes (BAKERY_ENGINE_PROGRAM); '' when absent."""
-    return single_line(PROGRAM_VAR, os.environ.get(PROGRAM_VAR, "")).strip()
+    return raw(env, PROGRAM_VAR).strip()
 
 
-def backends() -> list[str]:
+def backends(env: Mapping[str, str] | None = None) -> list[str]:
     """The worker backends this image has: workers/<name>/worker.py, and the baked program when the
     generic worker runs it (an engine without an adapter of its own, as start_server.sh does)."""
     names = {p.parent.name for p in (WORKER_DIR / "workers").glob("*/worker.py")}
-    program = baked_program()
+    program = baked_program(env)
     if program and BACKEND_NAME.match(program) and (WORKER_DIR / GENERIC_WORKER).is_file():
         names.add(program)
     return sorted(names)
 
 
-def backend() -> str:
+def backend(env: Mapping[str, str] | None = None) -> str:
     """BACKEND, which must name a worker of this image exactly (no blank, no path, no control character)."""
-    value = single_line("BACKEND", os.environ.get("BACKEND", ""))
-    if not BACKEND_NAME.match(value) or value not in backends():
+    value = single_line("BACKEND", launch(env).get("BACKEND", ""))
+    if not BACKEND_NAME.match(value) or value not in backends(env):
         raise BootError(f"BACKEND={value!r} names no worker of this image: set BACKEND to one of "
-                        f"{', '.join(backends()) or '(none found)'}")
+                        f"{', '.join(backends(env)) or '(none found)'}")
     return value
 
 
-def engine_name(backend_name: str) -> str:
+def engine_name(backend_name: str, env: Mapping[str, str] | None = None) -> str:
     """The engine's program name: the baked BAKERY_ENGINE_PROGRAM, whatever BACKEND a launch
     template picks (an alias BACKEND still runs the image's own program); BACKEND itself when not baked."""
-    name = baked_program() or backend_name
+    name = baked_program(env) or backend_name
     if not PROGRAM_NAME.match(name) or name in RESERVED_PROGRAMS:
-        source = f"{PROGRAM_VAR}={name!r}" if baked_program() else f"BACKEND={backend_name!r}"
+        source = f"{PROGRAM_VAR}={name!r}" if baked_program(env) else f"BACKEND={backend_name!r}"
         raise BootError(f"{source} cannot name the engine program (lowercase letters, "
                         f"digits, _ and - only, not {', '.join(sorted(RESERVED_PROGRAMS))})")
     return name
 
 
-def model_log(engine: str) -> Path:
-    """MODEL_LOG, where the engine's output goes and the worker reads; empty counts as unset."""
-    value = single_line("MODEL_LOG", os.environ.get("MODEL_LOG", ""))
+def model_log(engine: str, env: Mapping[str, str] | None = None) -> Path:
+    """MODEL_LOG, where the engine's output goes and the worker reads; blank counts as unset."""
+    value = raw(env, "MODEL_LOG")
     if not value:
         value = f"/var/log/portal/{engine}.log"
-        os.environ["MODEL_LOG"] = value  # the worker must read the same file
+        table.export("MODEL_LOG", value)  # the worker must read the same file
     path = Path(value)
     if not path.is_absolute():
         raise BootError(f"MODEL_LOG={value!r} must be an absolute path")
     return path
 
 
-def engine_argv() -> list[str]:
+def engine_argv(env: Mapping[str, str] | None = None) -> list[str]:
     """The engine's command: BAKERY_ENGINE_CMD with ${VAR} tokens filled, plus the ARGS variable split.
 
     A model variable becomes exactly one argument, byte for byte; the ARGS variable is split like a
     POSIX shell would (quotes group, nothing is expanded), and each piece is passed as it is.
     """
-    raw = os.environ.get("BAKERY_ENGINE_CMD", "")
+    cmd = table.value(launch(env), "BAKERY_ENGINE_CMD") or ""
     try:
-        template = json.loads(raw)
+        template = json.loads(cmd)
         if not (isinstance(template, list) and template and all(isinstance(a, str) for a in template)):
             raise ValueError
     except ValueError:
-        raise BootError(f"BAKERY_ENGINE_CMD={raw!r} is not a JSON list of strings: rebuild the image") from None
+        raise BootError(f"BAKERY_ENGINE_CMD={cmd!r} is not a JSON list of strings: rebuild the image") from None
     argv = []
     for arg in template:
         single_line("BAKERY_ENGINE_CMD", arg)
         match = TOKEN.match(arg)
         if match:
             name = match.group(1)
-            value = single_line(name, os.environ.get(name, ""))
+            value = raw(env, name)
             if not value:
                 raise BootError(f"{name} is not set: the launch template must set it (the model to serve)")
             argv.append(value)
         else:
             argv.append(arg)
-    args_var = os.environ.get("BAKERY_ENGINE_ARGS_VAR", "")
+    args_var = table.text(launch(env), "BAKERY_ENGINE_ARGS_VAR") or ""
     if args_var and not VAR_NAME.match(args_var):
         raise BootError(f"BAKERY_ENGINE_ARGS_VAR={args_var!r} is not a variable name: rebuild the image")
-    extra = single_line(args_var, os.environ.get(args_var, "")) if args_var else ""
+    extra = raw(env, args_var) if args_var else ""
     try:
         argv += shlex.split(extra)
     except ValueError as exc:
@@ -163,34 +174,24 @@ def rotate(log: Path) -> None:
     log.write_bytes(b"")
 
 
-def _worker_path() -> None:
-    """Let the entry point import the worker's stdlib-only modules (config, stages)."""
-    if str(WORKER_DIR) not in sys.path:
-        sys.path.insert(0, str(WORKER_DIR))
-
-
-def seconds(name: str) -> float:
+def seconds(name: str, env: Mapping[str, str] | None = None) -> float:
     """A number-of-seconds variable the entry point shares with the worker (BAKERY_DRAIN_TIMEOUT, the
     worker's stop must cover it; BAKERY_EXIT_GRACE), read by its row and rule in config/table.py."""
-    _worker_path()
-    from config import table
-
     errors: list[str] = []
-    value = table.read({name: single_line(name, os.environ.get(name, ""))}, name, errors=errors)
+    value = table.read({name: raw(env, name)}, name, errors=errors)
     if errors:
         raise BootError(errors[0])
     return value
 
 
-def watch_stages(log: Path) -> None:
+def watch_stages(log: Path, env: Mapping[str, str]) -> None:
     """Stamp the engine's load stages as its log shows them (logs/stages.py), from before it
     starts: the worker may start after the engine has loaded, and its start must not pass for the
     engine's. Lines go to the container's log; a failure here never stops the boot."""
     try:
-        _worker_path()
         from logs import stages
 
-        stages.start_watch(log, os.environ, say)
+        stages.start_watch(log, env, say)
     except Exception as exc:  # noqa: BLE001 - a report, not a reason to stop the boot
         say(f"bakery: the load's stages are not stamped: {exc}", sys.stderr)
 
@@ -198,13 +199,14 @@ def watch_stages(log: Path) -> None:
 def main() -> int:
     """Boot the container; returns the exit status of the program that ended first."""
     try:
-        # Every launch variable is checked before anything is written or started.
-        serverless = flag("SERVERLESS")
-        engine = engine_name(backend())
-        log = model_log(engine)
-        argv = engine_argv()
-        drain = seconds("BAKERY_DRAIN_TIMEOUT") if serverless else DEFAULT_DRAIN
-        grace = seconds("BAKERY_EXIT_GRACE")
+        # Every launch variable is checked before anything is written or started, from one snapshot.
+        env = table.snapshot()
+        serverless = flag("SERVERLESS", env)
+        engine = engine_name(backend(env), env)
+        log = model_log(engine, env)
+        argv = engine_argv(env)
+        drain = seconds("BAKERY_DRAIN_TIMEOUT", env) if serverless else DEFAULT_DRAIN
+        grace = seconds("BAKERY_EXIT_GRACE", env)
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         lock = open(RUN_DIR / "entrypoint.lock", "w")  # noqa: SIM115 - held for the process lifetime
         try:
@@ -219,13 +221,14 @@ def main() -> int:
         (RUN_DIR / stale).unlink(missing_ok=True)
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"
     say(f"bakery: starting {engine} ({mode}); engine output -> {log}")
-    os.environ["BAKERY_ENGINE_PROGRAM"] = engine
+    table.export("BAKERY_ENGINE_PROGRAM", engine)
 
     worker = ["/bin/sh", str(WORKER_DIR / "start_server.sh")] if serverless else None
     # The stage watch starts reading MODEL_LOG before the engine writes its first line.
     return supervise.run_programs(engine, argv, str(log), worker, grace=grace,
                                   worker_stop=math.ceil(drain) + WORKER_STOP_MARGIN, engine_stop=ENGINE_STOP_SECONDS,
-                                  pid_dir=RUN_DIR, before_spawn=lambda: watch_stages(log), say=say)
+                                  pid_dir=RUN_DIR, before_spawn=lambda: watch_stages(log, env),
+                                  env=table.snapshot(), say=say)
 
 
 def say(line: str, stream: TextIO | None = None) -> None:

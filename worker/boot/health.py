@@ -7,40 +7,36 @@ worker's serving code: it runs every interval, so it must start fast. See docs/i
 
 from __future__ import annotations
 
-import os
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-WORKER_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the worker's stdlib-only config table
+from config import table
+
 TIMEOUT = 4.0  # seconds for the engine's answer: below the HEALTHCHECK's own --timeout
-TRUE_WORDS = ("true", "1", "yes")  # as the entry point reads SERVERLESS (it refuses anything else at boot)
 MARK = "worker-ready"  # control/ready_mark.MARK
 
 
-def _setting(name: str) -> str | None:
-    """A variable's text as the worker reads it (config/table.py: stripped, blank is unset)."""
-    if str(WORKER_DIR) not in sys.path:
-        sys.path.insert(0, str(WORKER_DIR))
-    from config import table
-
-    return table.text(os.environ, name)
+def _setting(name: str) -> str:
+    """A variable's text as the worker reads it (stripped, blank is unset), else its row's default."""
+    return table.text(table.snapshot(), name) or table.BY_NAME[name].default
 
 
 def engine_health_url() -> str:
     """The URL the worker's own health check asks (a path resolves against MODEL_SERVER_URL)."""
-    endpoint = _setting("MODEL_HEALTH_ENDPOINT") or "/health"
+    endpoint = _setting("MODEL_HEALTH_ENDPOINT")
     if urlsplit(endpoint).scheme in ("http", "https"):
         return endpoint
-    server = (_setting("MODEL_SERVER_URL") or "http://127.0.0.1:18000").rstrip("/")
+    server = _setting("MODEL_SERVER_URL").rstrip("/")
     return urljoin(server + "/", endpoint)
 
 
 def check_worker() -> tuple[bool, str]:
     """(ready, why) from the worker's ready mark."""
-    mark = Path(_setting("BAKERY_RUN_DIR") or "/run/bakery") / MARK
+    mark = Path(_setting("BAKERY_RUN_DIR")) / MARK
     if mark.is_file():
         return True, "the worker is ready (model loaded, not errored)"
     return False, f"the worker is not ready ({mark} is absent: loading, or errored)"
@@ -63,7 +59,7 @@ def check_engine() -> tuple[bool, str]:
 
 def main() -> int:
     """Check, print the one line, and return Docker's health code (0 healthy, 1 unhealthy)."""
-    serverless = os.environ.get("SERVERLESS", "").strip().lower() in TRUE_WORDS
+    serverless = table.read(table.snapshot(), "SERVERLESS", errors=[])  # the entry point refused a bad one
     try:
         ready, why = check_worker() if serverless else check_engine()
     except Exception as exc:  # noqa: BLE001 - a health check answers, it never dies with a traceback

@@ -227,11 +227,11 @@ class Supervisor:
 
 
 def run_programs(name: str, argv: list[str], log: str, worker_argv: list[str] | None, *, grace: float,
-                 worker_stop: float, engine_stop: float, pid_dir: Path | None = None,
+                 worker_stop: float, engine_stop: float, env: Mapping[str, str], pid_dir: Path | None = None,
                  before_spawn: Callable[[], None] = lambda: None, say: Callable[[str], None] = print) -> int:
-    """Spawn the engine `name` (then the worker, when `worker_argv` is given), supervise both until they
-    have ended, and return the container's exit status. `pid_dir` gets `<name>.pid` and `worker.pid`;
-    `before_spawn` runs once the signals are caught, right before the engine starts."""
+    """Spawn the engine `name` (then the worker, when `worker_argv` is given) with the environment `env`,
+    supervise both until they have ended, and return the container's exit status. `pid_dir` gets
+    `<name>.pid` and `worker.pid`; `before_spawn` runs once the signals are caught, right before the engine starts."""
     supervisor = Supervisor(Program(name, None), Program("worker", None) if worker_argv else None, log,
                             grace=grace, worker_stop=worker_stop, engine_stop=engine_stop, say=say)
     wake_fd = supervisor.install()
@@ -242,13 +242,13 @@ def run_programs(name: str, argv: list[str], log: str, worker_argv: list[str] | 
     before_spawn()
     failed: CannotStart | None = None
     try:
-        supervisor.engine.pid = spawn_engine(argv, log, os.environ, say)
+        supervisor.engine.pid = spawn_engine(argv, log, env, say)
     except CannotStart as exc:
         failed = exc
     else:
         started(supervisor.engine, pid_dir, say)
     if supervisor.worker is not None and worker_argv is not None:
-        supervisor.worker.pid = spawn_worker(worker_argv, os.environ)
+        supervisor.worker.pid = spawn_worker(worker_argv, env)
         started(supervisor.worker, pid_dir, say)
     if failed is not None:  # after the worker's start: it reads the exit line and reports the failure
         supervisor.not_started(failed.status)

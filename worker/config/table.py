@@ -41,6 +41,9 @@ class Var:
 
 # The order of each group is the order its problems are reported in.
 VARIABLES: tuple[Var, ...] = (
+    # The main switch (the entry point; boot/health.py reads it too): the worker on :3000 beside the engine.
+    Var("SERVERLESS", "bool", False, "exit", "entrypoint",
+        "run the worker on :3000 beside the engine (false: the engine alone)", "entry point"),
     # Baked per engine (each falls back to the engine's EngineDefaults).
     Var("BACKEND", "text", None, "none", "core", "the worker the image runs (an alias is named in the banner)"),
     Var("MODEL_LOG", "text", None, "none", "core", "the engine's log file the SDK reads"),
