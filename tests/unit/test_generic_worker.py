@@ -30,12 +30,19 @@ def echo_image_env() -> dict[str, str]:
     return env
 
 
-def test_defaults_are_the_baked_values() -> None:
-    defaults = generic.defaults_from_env(echo_image_env())
-    assert (defaults.engine, defaults.model_log) == ("echo", "/var/log/portal/echo.log")
-    assert defaults.load_lines == ("The server is fired up and ready to roll!",)
-    assert defaults.error_lines == ("INFO exited: echo", "echo: fatal")
-    assert defaults.health_endpoint == "/health"
+PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
+            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "3000"}
+
+
+def test_the_engine_and_its_facts_are_the_baked_values() -> None:
+    env = echo_image_env()
+    defaults = generic.defaults_from_env(env)
+    assert defaults.engine == "echo"
+    settings = worker_config.load_settings(defaults, {**env, **PLATFORM})
+    assert (settings.engine, settings.model_log) == ("echo", "/var/log/portal/echo.log")
+    assert settings.load_lines == ["The server is fired up and ready to roll!"]
+    assert settings.error_lines == ["INFO exited: echo", "echo: fatal"]
+    assert settings.healthcheck_url == "http://127.0.0.1:18000/health"
 
 
 def test_the_baked_model_variable_is_the_model_id() -> None:

@@ -239,7 +239,8 @@ class SigningKey:
 def probe_facts(worker_python: Path, *args: str, timeout: float = 120) -> Any:
     """Run a probe (`args`: a script of tests/worker/ or `-c` code) on the worker venv's Python with worker/
     on its path, and return the JSON its last line of output holds; the test fails on a non-zero exit."""
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1",
+           **baked_facts("vllm")}  # any engine's: a probe starts no engine
     result = subprocess.run([str(worker_python), *args], capture_output=True, text=True, env=env, timeout=timeout,
                             check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -302,6 +303,26 @@ def relay_program_path() -> Path:
     return program
 
 
+# The engine's facts an image bakes from images/<engine>.yaml; the worker states none of them.
+ENGINE_FACT_VARS = ("MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS",
+                    "MODEL_HEALTH_ENDPOINT")
+
+
+@functools.cache
+def baked_facts(backend: str) -> dict[str, str]:
+    """What an image of the engine `backend` runs (an alias too) bakes of its facts, encoded as the image
+    carries them: a worker outside an image is given them as a launch would be. {} for a backend no spec names."""
+    from bakery.recipe.render import baked_env
+    from bakery.spec.engine_facts import all_facts
+    from bakery.spec.engine_spec import load_engine
+
+    named = [facts.name for facts in all_facts().values() if backend in (facts.backend, *facts.aliases)]
+    if not named:
+        return {}
+    env = baked_env(load_engine(named[0]))
+    return {name: env[name] for name in ENGINE_FACT_VARS if name in env}
+
+
 def worker_env_for(
     backend: str, worker_python: Path, state: Path, port: int, report_url: str, **overrides: str | None
 ) -> dict[str, str]:
@@ -311,6 +332,7 @@ def worker_env_for(
     """
     env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
     env.update(platform_env(port, report_url))
+    env.update(baked_facts(backend))
     env.update({
         "BACKEND": backend,
         "WORKER_PYTHON": str(worker_python),

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import os
 import pkgutil
 import sys
 
@@ -48,11 +49,10 @@ def main() -> int:
         for engine in ("vllm", "sglang", "llama", "openai"):
             defaults = importlib.import_module(f"workers.{engine}.worker").DEFAULTS
             env = {"CONTAINER_ID": "1", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
-                   "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "3000", "MODEL_NAME": "m"}
+                   "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "3000", "MODEL_NAME": "m",
+                   **{k: v for k, v in os.environ.items() if k.startswith("MODEL_")}}  # the baked facts
             settings = worker_config.load_settings(defaults, env)
             config, _ = core.build_worker_config(settings, vastai, core.load_words())
-            import os
-
             os.environ.update(env)
             vastai.Worker(config)
     except ImportError as err:

@@ -10,7 +10,7 @@ import pytest
 from app import core
 from config import table
 from policy import admission, guards
-from tests.worker.helpers import platform_env  # (puts worker/ on sys.path first)
+from tests.worker.helpers import baked_facts, platform_env  # (puts worker/ on sys.path first)
 
 MIB = 1024 * 1024
 
@@ -57,7 +57,7 @@ def test_the_worker_config_refuses_a_byte_bound_below_the_body_limit() -> None:
     """core.load_config, as the worker starts: one line, exit 2 (ConfigError)."""
     from workers.llama.worker import DEFAULTS
 
-    env = {**platform_env(41234, "http://127.0.0.1:9"), "MODEL_LOG": "/tmp/x.log"}
+    env = {**platform_env(41234, "http://127.0.0.1:9"), **baked_facts("vllm"), "MODEL_LOG": "/tmp/x.log"}
     with pytest.raises(core.ConfigError) as caught:
         core.load_config(DEFAULTS, {**env, "BAKERY_MAX_BUFFERED_BYTES": "1000"})
     assert [line.split("=")[0] for line in caught.value.lines] == ["BAKERY_MAX_BUFFERED_BYTES"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from app.worker_config import EngineDefaults
-from tests.worker.helpers import SDK_READY, Engine, Harness, post_enveloped
+from config.table import parse_lines
+from tests.worker.helpers import SDK_READY, Engine, Harness, baked_facts, post_enveloped
 from workers.llama.worker import DEFAULTS as LLAMA
 from workers.sglang.worker import DEFAULTS as SGLANG
 from workers.vllm.worker import DEFAULTS as VLLM
@@ -67,7 +68,7 @@ def _run_backend(harness: Harness, backend: str, slot: Engine, start_engine: Cal
     else:  # the load line is already in the log when the worker starts: it must not be missed
         engine = start_engine().proc
         assert engine is not None
-        engine.wait_for(defaults.load_lines[0], timeout=120)
+        engine.wait_for(parse_lines(baked_facts(backend)["MODEL_LOAD_LOG_MSG"])[0], timeout=120)
         served = harness.worker(backend, slot, MODEL_NAME=model_id)
     worker, port = served.worker, served.port
 
@@ -89,7 +90,7 @@ def _run_backend(harness: Harness, backend: str, slot: Engine, start_engine: Cal
     _check_answers(port, defaults.engine, model_id)
 
     # An error line (supervisord's exit notice, first in every engine's list) makes it report errored.
-    error_line = defaults.error_lines[0]
+    error_line = parse_lines(baked_facts(backend)["MODEL_ERROR_LOG_MSGS"])[0]
     with engine_log.open("a") as log:
         log.write(f"2026-01-01 00:00:00,000 {error_line} (exit status 1; not expected)\n")
     worker.wait_for("Got log line indicating error")
@@ -123,5 +124,5 @@ def test_llama_real_load_failure_reports_errored(harness: Harness, tmp_path: Pat
     # 90 s, not 30: in a fresh-machine run beside a second suite the worker had not read the log in 30 s.
     worker.wait_for("Got log line indicating error", timeout=90)
     status = report_server.wait_status(lambda s: bool(s.get("error_msg")), timeout=30)
-    assert status["error_msg"] in LLAMA.error_lines
+    assert status["error_msg"] in parse_lines(baked_facts("llama")["MODEL_ERROR_LOG_MSGS"])
     assert not (tmp_path / "state" / ".has_benchmark").exists()

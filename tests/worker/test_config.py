@@ -97,16 +97,19 @@ def test_every_row_is_well_formed() -> None:
 
 
 def test_strict_and_warning_variables_are_the_documented_ones() -> None:
-    """Guard limits, UNSECURED and the drain stop the worker; the benchmark, readiness, upload and
+    """Guard limits, UNSECURED and the drain stop the worker, and so do the engine's baked facts (the
+    log file, load and error lines: there is no default to take); the benchmark, readiness, upload and
     late-error numbers, BAKERY_LOG_REQUESTS, BAKERY_EVENT_LOOP, BAKERY_FRONT, BAKERY_FRONT_PROCESSES,
-    BAKERY_RELAY, BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the log-line lists
-    warn and take
-    their default."""
+    BAKERY_RELAY, BAKERY_ENGINE_KEEP_WARM, BAKERY_ENGINE_READY_CONNECTIONS and the info lines warn and
+    take their default."""
     strict = {v.name for v in table.VARIABLES if v.bad == "exit" and v.owner in ("guards", "drain", "core")
               and v.kind in ("digits", "number", "bool", "drain")}
     assert strict == {"UNSECURED", "BAKERY_DRAIN_TIMEOUT", *(v.name for v in table.VARIABLES if v.owner == "guards")}
+    baked = {v.name for v in table.VARIABLES if v.bad == "exit" and v.default is None and v.kind in ("text", "lines")
+             and v.owner == "core"}
+    assert baked == {"MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS"}
     warned = {v.name for v in table.VARIABLES if v.bad == "warn"}
-    assert warned == {"MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS", "BENCHMARK_RUNS",
+    assert warned == {"MODEL_INFO_LOG_MSGS", "BENCHMARK_RUNS",
                       "BENCHMARK_CONCURRENCY", "BENCHMARK_MAX_TOKENS", "READINESS", "READINESS_TIMEOUT",
                       "HEALTHCHECK_PROBE_TIMEOUT", "BAKERY_LOG_REQUESTS", "OPENAI_MAX_UPLOAD_BYTES",
                       "OPENAI_MAX_REQUEST_UPLOAD_BYTES", "BENCHMARK_EMBED_CHARS", "BAKERY_LATE_ERROR_PROBES",

@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from policy import drain
-from tests.worker.helpers import STANDIN, WORKER_DIR, Engine, Harness, free_port, free_port_pair, platform_env
+from tests.worker.helpers import (
+    STANDIN,
+    WORKER_DIR,
+    Engine,
+    Harness,
+    baked_facts,
+    free_port,
+    free_port_pair,
+    platform_env,
+)
 from tests.worker.serving import MODEL, EventStream, envelope, wait_record
 
 ENTRYPOINT = WORKER_DIR / "boot" / "entrypoint.py"
@@ -174,6 +183,7 @@ def boot_env(run_dir: Path, worker_python: Path, engine_port: int, port: int, re
     """An image's serverless environment with the vLLM stand-in as the engine."""
     env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
     env.update(platform_env(port, report_url))
+    env.update(baked_facts("vllm"))
     env.update({
         "BAKERY_RUN_DIR": str(run_dir), "BACKEND": "vllm", "SERVERLESS": "true",
         "MODEL_LOG": str(run_dir / "log" / "vllm.log"),

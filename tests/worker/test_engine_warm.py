@@ -13,12 +13,12 @@ import pytest
 from app import worker_config
 from config import table
 from engine import engine_warm
-from tests.worker.helpers import probe_facts
+from tests.worker.helpers import baked_facts, probe_facts
 from workers.vllm.worker import DEFAULTS
 
 HERE = Path(__file__).resolve().parent
 ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000", "PUBLIC_IPADDR": "203.0.113.7",
-       "VAST_TCP_PORT_3000": "41234"}
+       "VAST_TCP_PORT_3000": "41234", **baked_facts("vllm")}
 
 
 @pytest.fixture(scope="module")

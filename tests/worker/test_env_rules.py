@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -19,13 +20,13 @@ import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
 from app import core, ports, sdk_config, worker_config
 from app.ports import PortBusy
 from app.worker_config import ConfigError
-from tests.worker.helpers import free_port_pair
+from tests.worker.helpers import baked_facts, free_port_pair
 from workers.llama.worker import DEFAULTS as LLAMA
 from workers.sglang.worker import DEFAULTS as SGLANG
 from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
-            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
+            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000", **baked_facts("vllm")}
 
 
 def settings(**env: str) -> core.Settings:
@@ -36,20 +37,26 @@ def settings(**env: str) -> core.Settings:
 # --------------------------------------------------------------------------- engine defaults
 
 
-def test_engine_defaults_match_upstream() -> None:
-    """The per-engine defaults are upstream's (docs/engines.md, "Upstream's worker")."""
-    assert (VLLM.engine, VLLM.model_log, VLLM.load_lines) == (
-        "vllm", "/var/log/portal/vllm.log", ("Application startup complete.",))
-    assert VLLM.error_lines == ("INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):")
-    assert (SGLANG.engine, SGLANG.model_log, SGLANG.load_lines) == (
-        "sglang", "/var/log/portal/sglang.log", ("The server is fired up and ready to roll!",))
-    assert SGLANG.error_lines == ("INFO exited: sglang", "Traceback (most recent call last):")
-    assert (LLAMA.engine, LLAMA.model_log) == ("llama", "/var/log/portal/llama.log")
-    assert LLAMA.load_lines == ("model loaded",)
-    assert LLAMA.error_lines == ("INFO exited: llama", "error loading model", "failed to load model")
-    for defaults in (VLLM, SGLANG, LLAMA):
-        assert defaults.info_lines == ('"message":"Download',)
-        assert defaults.health_endpoint == "/health"
+@pytest.mark.parametrize(("defaults", "log", "load", "errors"), [
+    (VLLM, "/var/log/portal/vllm.log", ["Application startup complete."],
+     ["INFO exited: vllm", "RuntimeError: Engine", "Traceback (most recent call last):"]),
+    (SGLANG, "/var/log/portal/sglang.log", ["The server is fired up and ready to roll!"],
+     ["INFO exited: sglang", "Traceback (most recent call last):"]),
+    (LLAMA, "/var/log/portal/llama.log", ["model loaded"],
+     ["INFO exited: llama", "error loading model", "failed to load model"]),
+], ids=lambda value: getattr(value, "engine", None))
+def test_the_baked_engine_facts_are_upstreams(defaults: Any, log: str, load: list[str], errors: list[str]) -> None:
+    """What each image bakes from its spec, as the worker resolves it, is upstream's (docs/engines.md,
+    "Upstream's worker"), or adds error lines the spec's notes declare; the adapter states none of it."""
+    from bakery.spec.engine_spec import load_engine
+
+    resolved = worker_config.load_settings(defaults, {**PLATFORM, **baked_facts(defaults.engine)})
+    assert (resolved.engine, resolved.model_log, resolved.load_lines) == (defaults.engine, log, load)
+    assert resolved.error_lines[:len(errors)] == errors
+    if resolved.error_lines != errors:
+        assert "MODEL_ERROR_LOG_MSGS" in load_engine(defaults.engine).notes, resolved.error_lines
+    assert (resolved.info_lines, resolved.healthcheck_url) == (['"message":"Download'], "http://127.0.0.1:18000/health")
+    assert {f.name for f in dataclasses.fields(defaults)} == {"engine", "ready_connections", "front_processes"}
 
 
 def test_openai_alias_imports_the_vllm_defaults() -> None:
@@ -105,30 +112,44 @@ def test_parse_lines_newline_form(items: list[str]) -> None:
 
 @pytest.mark.parametrize("var", ["MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS", "MODEL_INFO_LOG_MSGS"])
 def test_log_line_variables(var: str) -> None:
-    """Each list variable overrides its default; unset, blank or empty falls back to the default."""
+    """Each list variable is read in either form. The info lines have a default (unset, blank or empty
+    falls back to it); the load and error lines are the engine's facts: only baked, never defaulted, so
+    unset, blank or empty is one line naming the variable (exit 2)."""
     attr = {"MODEL_LOAD_LOG_MSG": "load_lines", "MODEL_ERROR_LOG_MSGS": "error_lines",
             "MODEL_INFO_LOG_MSGS": "info_lines"}[var]
-    default = list(getattr(VLLM, attr))
-    assert getattr(settings(), attr) == default
-    assert getattr(settings(**{var: ""}), attr) == default
-    assert getattr(settings(**{var: "  \n "}), attr) == default
     assert getattr(settings(**{var: '["x", " y "]'}), attr) == ["x", "y"]
     assert getattr(settings(**{var: "x\ny"}), attr) == ["x", "y"]
-    s = settings(**{var: "[]"})
-    assert getattr(s, attr) == default
-    assert len(s.warnings) == 1 and var in s.warnings[0]
+    if var == "MODEL_INFO_LOG_MSGS":
+        default = list(worker_config.DEFAULT_INFO_LINES)
+        for blank in ("", "  \n "):
+            assert getattr(settings(**{var: blank}), attr) == default
+        s = settings(**{var: "[]"})
+        assert getattr(s, attr) == default
+        assert len(s.warnings) == 1 and var in s.warnings[0]
+        return
+    for missing in ("", "  \n "):
+        with pytest.raises(ConfigError) as err:
+            settings(**{var: missing})
+        assert len(err.value.lines) == 1 and err.value.lines[0].startswith(f"{var} is not set: an image bakes it")
+    with pytest.raises(ConfigError) as err:
+        settings(**{var: "[]"})
+    assert err.value.lines == [f"{var}='[]' holds no log line: set the engine's lines (a JSON list of strings, "
+                               "or one per line)"]
 
 
 # --------------------------------------------------------------------------- MODEL_LOG, model id, URLs
 
 
 def test_model_log() -> None:
-    """MODEL_LOG overrides the engine's default; empty (or blank) counts as unset."""
+    """MODEL_LOG is the baked one, or a launch's; empty (or blank) counts as unset, and unset names it."""
     assert settings().model_log == "/var/log/portal/vllm.log"
-    assert settings(MODEL_LOG="").model_log == "/var/log/portal/vllm.log"
-    assert settings(MODEL_LOG="   ").model_log == "/var/log/portal/vllm.log"
     assert settings(MODEL_LOG="/tmp/x.log").model_log == "/tmp/x.log"
-    assert worker_config.load_settings(LLAMA, PLATFORM).model_log == "/var/log/portal/llama.log"
+    assert worker_config.load_settings(LLAMA, {**PLATFORM, **baked_facts("llama")}).model_log == \
+        "/var/log/portal/llama.log"
+    for blank in ("", "   "):
+        with pytest.raises(ConfigError) as err:
+            settings(MODEL_LOG=blank)
+        assert [line.split(":")[0] for line in err.value.lines] == ["MODEL_LOG is not set"]
 
 
 @pytest.mark.parametrize(("env", "expected"), [

@@ -19,12 +19,12 @@ import pytest
 
 from app import event_loop, worker_config
 from config import table
-from tests.worker.helpers import WORKER_DIR, Harness
+from tests.worker.helpers import WORKER_DIR, Harness, baked_facts
 from tests.worker.serving import MODEL, EventStream, envelope
 from workers.vllm.worker import DEFAULTS
 
 ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000", "PUBLIC_IPADDR": "203.0.113.7",
-       "VAST_TCP_PORT_3000": "41234"}
+       "VAST_TCP_PORT_3000": "41234", **baked_facts("vllm")}
 
 
 @pytest.mark.parametrize(("given", "chosen", "warned"), [

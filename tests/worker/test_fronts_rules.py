@@ -17,6 +17,7 @@ from control import sdk_seam
 from front import processes
 from policy import admission, guards
 from tests.worker import helpers  # noqa: F401 (puts worker/ on sys.path first)
+from tests.worker.helpers import baked_facts
 
 
 def test_the_body_budget_counts_every_processs_bytes() -> None:
@@ -122,7 +123,7 @@ def test_each_engine_has_its_own_front_processes() -> None:
     from workers.vllm.worker import DEFAULTS as VLLM
 
     env = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "WORKER_PORT": "3000",
-           "PUBLIC_IPADDR": "203.0.113.7", "VAST_TCP_PORT_3000": "41000"}
+           "PUBLIC_IPADDR": "203.0.113.7", "VAST_TCP_PORT_3000": "41000", **baked_facts("vllm")}
     baked = {"BACKEND": "mine", "BAKERY_ENGINE_PROGRAM": "mine", "MODEL_LOG": "/var/log/mine.log",
              "MODEL_LOAD_LOG_MSG": '["up"]', "MODEL_ERROR_LOG_MSGS": '["down"]'}
     generic_defaults = generic.defaults_from_env({**env, **baked})

@@ -12,10 +12,11 @@ import pytest
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
 from app import core, output, worker_config
 from policy import guards
+from tests.worker.helpers import baked_facts
 from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
-            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
+            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000", **baked_facts("vllm")}
 AUTH = {"cost": "8", "endpoint": "e", "reqnum": 1, "request_idx": 1, "signature": "c2ln", "url": "http://h:1"}
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bakery.host import downloads as worker_env
-from tests.worker.helpers import HERE, SDK_READY, WORKER_DIR, Harness, post_enveloped
+from tests.worker.helpers import HERE, SDK_READY, WORKER_DIR, Harness, baked_facts, post_enveloped
 
 pytestmark = pytest.mark.slow
 PROBE = HERE / "import_probe.py"
@@ -64,7 +64,8 @@ def locked_names(version: str) -> set[str]:
 
 def run_probe(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run import_probe.py in `venv` with only the worker directory on PYTHONPATH."""
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1"}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1",
+           **baked_facts("vllm")}  # the image's engine facts (any engine's: the probe starts none)
     return subprocess.run([str(venv / "bin" / "python"), str(PROBE), *args], capture_output=True, text=True,
                           env=env, timeout=120, check=False)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from config.table import parse_lines
 from logs import late_errors
 from tests.worker.helpers import (
     GUARD_ENGINE,
@@ -35,14 +36,15 @@ from tests.worker.helpers import (
     Harness,
     Proc,
     ReportServer,
+    baked_facts,
     make_signing_key,
     post_enveloped,
 )
-from workers.vllm.worker import DEFAULTS as VLLM
 
 MODEL = "standin-model"
 TRACEBACK = "Traceback (most recent call last):"
 EXIT_LINE = "INFO exited: vllm"
+VLLM_ERRORS = parse_lines(baked_facts("vllm")["MODEL_ERROR_LOG_MSGS"])  # what the vLLM image bakes
 HELD = "not counted, the worker stays ready"  # late_errors' warning when the health held
 COUNTED = "an error line after load counts"  # ... and when it failed
 CHECKING = "checking the engine's health before counting it"  # its debug line when a check starts
@@ -82,7 +84,7 @@ class Fake:
             self.probed += 1
             return self.answers.pop(0) if self.answers else None
 
-        self.policy = late_errors.LateErrors(errored, self.metrics, probe, VLLM.error_lines,
+        self.policy = late_errors.LateErrors(errored, self.metrics, probe, VLLM_ERRORS,
                                              late_errors.Bounds(probes, 0.001), clock=lambda: self.now)
 
     def line(self, text: str, pattern: str) -> None:
@@ -228,7 +230,7 @@ def test_the_exit_prefix_is_the_one_the_entry_point_writes() -> None:
 
     assert supervise.EXIT_LINE.format(name="vllm", how="exit status 1", reason="not expected").startswith(
         late_errors.EXIT_PREFIX + "vllm (")
-    assert VLLM.error_lines[0].startswith(late_errors.EXIT_PREFIX)
+    assert VLLM_ERRORS[0].startswith(late_errors.EXIT_PREFIX)
 
 
 def test_the_bounds_are_read_from_the_environment() -> None:
@@ -302,7 +304,7 @@ def wait_errored(reports: ReportServer, error: str, timeout: float) -> float:
 def test_a_handled_traceback_after_load_leaves_the_worker_ready(harness: Harness, worker_python: Path) -> None:
     """(1) A traceback in vLLM's format appended while /health answers 200: the SDK matches it, the
     worker is not reported errored, and a signed request is still served."""
-    assert TRACEBACK in VLLM.error_lines
+    assert TRACEBACK in VLLM_ERRORS
     key = make_signing_key(worker_python)
     reports = harness.report_server(key.pem)
     engine = harness.standin("vllm")

@@ -143,11 +143,12 @@ def test_bad_numbers_warn_once_and_run(harness: Harness) -> None:
 
 
 @pytest.mark.slow
-def test_empty_model_log_uses_the_engine_default(harness: Harness) -> None:
-    """MODEL_LOG='' counts as unset (upstream waited forever for a file named '')."""
+def test_empty_model_log_is_named_not_waited_for(harness: Harness) -> None:
+    """MODEL_LOG='' counts as unset (upstream waited forever for a file named ''): the worker, which states
+    no engine fact, names it and exits 2 (in an image the entry point sets the engine's log first)."""
     worker = harness.worker("sglang", MODEL_LOG="").worker
-    out = worker.wait_for("beginning log tracking")
-    assert "log=/var/log/portal/sglang.log " in out
+    assert worker.wait_exit(timeout=30) == 2
+    assert "bakery-worker: error: MODEL_LOG is not set: an image bakes it" in worker.text
 
 
 @pytest.mark.slow

@@ -21,11 +21,11 @@ import pytest
 
 import tests.worker.helpers  # noqa: F401 (puts worker/ on sys.path first)
 from app import core, output, worker_config
-from tests.worker.helpers import SDK_READY, WORKER_DIR, Harness, post_enveloped
+from tests.worker.helpers import SDK_READY, WORKER_DIR, Harness, baked_facts, post_enveloped
 from workers.vllm.worker import DEFAULTS as VLLM
 
 PLATFORM = {"CONTAINER_ID": "7", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "127.0.0.1",
-            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000"}
+            "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41000", **baked_facts("vllm")}
 VAR = "BAKERY_LOG_REQUESTS"
 
 # The four lines, as vastai 1.9.1 words them (metrics.py, backend.py), for one plain request and

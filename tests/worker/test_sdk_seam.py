@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from control import sdk_seam
-from tests.worker.helpers import WORKER_DIR, free_port_pair
+from tests.worker.helpers import WORKER_DIR, baked_facts, free_port_pair
 
 SEAM = WORKER_DIR / "control" / "sdk_seam.py"
 PRIVATE = re.compile(r"^_[A-Za-z]")
@@ -123,7 +123,7 @@ def test_the_seam_is_checked_against_the_locked_sdk() -> None:
 def run_in_worker(worker_python: Path, code: str, port: int, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(WORKER_DIR), "PYTHONNOUSERSITE": "1",
            "TMPDIR": str(tmp), **ENV, "WORKER_PORT": str(port), "VAST_TCP_PORT_" + str(port): "41234",
-           "MODEL_LOG": str(tmp / "engine.log")}
+           **baked_facts("llama"), "MODEL_LOG": str(tmp / "engine.log")}
     return subprocess.run([str(worker_python), "-c", code], capture_output=True, text=True, env=env,
                           timeout=120, check=False, cwd=tmp)
 

@@ -16,6 +16,9 @@ from control import sdk_seam
 SDK_LAUNCH_FAILURE = "Worker Server failed to launch"
 
 
+# The SDK's four DEBUG lines per proxied request (vastai 1.9.1: `Starting Request N`, `posting to
+# endpoint: '<route>', payload keys: [...]`, `Request N succeeded`, `Ending Request N`; a request in a
+# session is `Request N in Session M`). Dropped unless BAKERY_LOG_REQUESTS is true; see quiet_requests().
 _REQUEST_ID = r"Request \d+(?: in Session \d+)?"
 
 

@@ -18,64 +18,27 @@ from logs import late_errors, stages
 from policy import admission, drain, guards, references
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:18000"
-
-
 DEFAULT_HEALTH_ENDPOINT = "/health"
-
-
-DEFAULT_INFO_LINES = ('"message":"Download',)
-
-
+DEFAULT_INFO_LINES: tuple[str, ...] = table.BY_NAME["MODEL_INFO_LOG_MSGS"].default
 # Upstream's benchmark budget (pyworker #88). Runs and concurrency are the benchmarked route's own
 # (routes.ROUTE_TABLE: 3 x 10 for text) unless BENCHMARK_RUNS / BENCHMARK_CONCURRENCY are set.
 DEFAULT_BENCHMARK_MAX_TOKENS = 500
-
-
 DEFAULT_READINESS = "logs"
-
-
 READINESS_MODES = ("logs", "healthcheck")
-
-
 DEFAULT_READINESS_TIMEOUT = 1800.0
-
-
 DEFAULT_HEALTHCHECK_PROBE_TIMEOUT = 30.0
-
-
 # Upstream's precedence for the served model id (pyworker #88), checked against the specs' model_var by
 # tests/unit/test_engine_facts_agree.py. Inside an image the engine's own variable, which the image
 # bakes by name (BAKERY_MODEL_VAR), comes right after MODEL_NAME, so any engine's works.
 MODEL_ID_VARS = ("MODEL_NAME", "VLLM_MODEL", "SGLANG_MODEL", "LLAMA_MODEL")
-
-
 MODEL_VAR_VAR = "BAKERY_MODEL_VAR"
-
-
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-# The SDK's four DEBUG lines per proxied request (vastai 1.9.1: `Starting Request N`, `posting to
-# endpoint: '<route>', payload keys: [...]`, `Request N succeeded`, `Ending Request N`; a request in a
-# session is `Request N in Session M`). Dropped unless BAKERY_LOG_REQUESTS is true; see quiet_requests().
 LOG_REQUESTS_VAR = "BAKERY_LOG_REQUESTS"
-
-
 EVENT_LOOP_VAR = "BAKERY_EVENT_LOOP"
-
-
 FRONT_VAR = "BAKERY_FRONT"
-
-
 RELAY_VAR = "BAKERY_RELAY"
-
-
 FRONTS = ("wire", "aiohttp")
-
-
 TRUE_WORDS, FALSE_WORDS = table.TRUE_WORDS, table.FALSE_WORDS
-
-
 _PLATFORM_HINT = "normally set by the Vast.ai platform when it launches the instance"
 
 
@@ -89,21 +52,14 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class EngineDefaults:
-    """What one engine's image would bake: its name, log file and log grammar.
+    """What an engine's worker adapter states: its name and how the worker is tuned for it.
 
-    Each field is the fallback for an environment variable: `model_log` for MODEL_LOG,
-    `load_lines` for MODEL_LOAD_LOG_MSG, `error_lines` for MODEL_ERROR_LOG_MSGS, `info_lines` for
-    MODEL_INFO_LOG_MSGS, `health_endpoint` for MODEL_HEALTH_ENDPOINT, `ready_connections` for
-    BAKERY_ENGINE_READY_CONNECTIONS (engine_warm.py), `front_processes` for BAKERY_FRONT_PROCESSES
-    (processes.py).
+    The engine's facts (log file, log grammar, health endpoint) are not here: images/<engine>.yaml states
+    them and the image bakes them (BAKED_FACTS). `ready_connections` is BAKERY_ENGINE_READY_CONNECTIONS's
+    default (engine_warm.py), `front_processes` BAKERY_FRONT_PROCESSES's (processes.py).
     """
 
     engine: str
-    model_log: str
-    load_lines: tuple[str, ...]
-    error_lines: tuple[str, ...]
-    info_lines: tuple[str, ...] = DEFAULT_INFO_LINES
-    health_endpoint: str = DEFAULT_HEALTH_ENDPOINT
     ready_connections: int = 0
     # BAKERY_FRONT_PROCESSES's default; None: one when the worker may run on 2 CPUs or more (processes.py)
     front_processes: int | None = 0
@@ -151,6 +107,22 @@ _value = table.value  # the raw text, or None when unset or blank (blank counts 
 
 
 parse_lines = table.parse_lines
+# What every image bakes from its spec and the worker cannot run without (the engine's facts, stated once).
+BAKED_FACTS = ("MODEL_LOG", "MODEL_LOAD_LOG_MSG", "MODEL_ERROR_LOG_MSGS")
+
+
+def baked_facts(env: Mapping[str, str]) -> tuple[str, list[str], list[str]]:
+    """(MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS) as the image baked them (or a launch template
+    set them). Raises ConfigError with one line per variable missing or holding no line."""
+    errors: list[str] = []
+    values = [table.read(env, name, errors=errors) for name in BAKED_FACTS]
+    errors += [f"{name} is not set: an image bakes it from images/<engine>.yaml (bake.env); outside an image, "
+               "set it to the engine's" for name, found in zip(BAKED_FACTS, values, strict=True) if found is None and
+               not any(line.startswith(f"{name}=") for line in errors)]
+    if errors:
+        raise ConfigError(errors)
+    model_log, load_lines, error_lines = values
+    return model_log, load_lines, error_lines
 
 
 def env_lines(
@@ -290,9 +262,10 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         route_settings = routes.load_route_settings(env)
     except routes.RouteConfigError as exc:
         raise ConfigError(exc.lines) from None
+    model_log, load_lines, error_lines = baked_facts(env)
     benchmarked = routes.ROUTES[route_settings.benchmark_route]
     server_url, server_base, server_port = resolve_server(env)
-    health = _value(env, "MODEL_HEALTH_ENDPOINT") or defaults.health_endpoint
+    health = _value(env, "MODEL_HEALTH_ENDPOINT") or DEFAULT_HEALTH_ENDPOINT
     readiness = (_value(env, "READINESS") or DEFAULT_READINESS).strip().lower()
     if readiness not in READINESS_MODES:
         warnings.append(
@@ -317,14 +290,14 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
     return Settings(
         engine=defaults.engine,
         backend=(_value(env, "BACKEND") or defaults.engine).strip(),
-        model_log=(_value(env, "MODEL_LOG") or defaults.model_log).strip(),
+        model_log=model_log,
         server_url=server_url,
         server_base=server_base,
         server_port=server_port,
         healthcheck_url=resolve_health_url(health, server_url),
-        load_lines=env_lines(env, "MODEL_LOAD_LOG_MSG", defaults.load_lines, warnings),
-        error_lines=env_lines(env, "MODEL_ERROR_LOG_MSGS", defaults.error_lines, warnings),
-        info_lines=env_lines(env, "MODEL_INFO_LOG_MSGS", defaults.info_lines, warnings),
+        load_lines=load_lines,
+        error_lines=error_lines,
+        info_lines=env_lines(env, "MODEL_INFO_LOG_MSGS", DEFAULT_INFO_LINES, warnings),
         model_id=resolve_model_id(env),
         benchmark_runs=env_positive_int(env, "BENCHMARK_RUNS", benchmarked.runs, warnings),
         benchmark_concurrency=env_positive_int(
@@ -355,8 +328,6 @@ def load_settings(defaults: EngineDefaults, env: Mapping[str, str]) -> Settings:
         routes=route_settings,
         warnings=[*warnings, *route_settings.warnings],
     )
-
-
 BODY_LIMIT_VAR = guards.VARIABLES["max_body_bytes"][0]  # BAKERY_MAX_BODY_BYTES
 
 

@@ -44,12 +44,13 @@ VARIABLES: tuple[Var, ...] = (
     # The main switch (the entry point; boot/health.py reads it too): the worker on :3000 beside the engine.
     Var("SERVERLESS", "bool", False, "exit", "entrypoint",
         "run the worker on :3000 beside the engine (false: the engine alone)", "entry point"),
-    # Baked per engine (each falls back to the engine's EngineDefaults).
+    # Baked per engine from images/<engine>.yaml (bake.env): the engine's facts are stated there only, so
+    # the worker needs the first three (outside an image, set them; a missing one exits 2).
     Var("BACKEND", "text", None, "none", "core", "the worker the image runs (an alias is named in the banner)"),
-    Var("MODEL_LOG", "text", None, "none", "core", "the engine's log file the SDK reads"),
-    Var("MODEL_LOAD_LOG_MSG", "lines", None, "warn", "core", "log lines that mean the model is loaded"),
-    Var("MODEL_ERROR_LOG_MSGS", "lines", None, "warn", "core", "log lines that mean the engine failed"),
-    Var("MODEL_INFO_LOG_MSGS", "lines", None, "warn", "core", "log lines reported as information"),
+    Var("MODEL_LOG", "text", None, "exit", "core", "the engine's log file the SDK reads"),
+    Var("MODEL_LOAD_LOG_MSG", "lines", None, "exit", "core", "log lines that mean the model is loaded"),
+    Var("MODEL_ERROR_LOG_MSGS", "lines", None, "exit", "core", "log lines that mean the engine failed"),
+    Var("MODEL_INFO_LOG_MSGS", "lines", ('"message":"Download',), "warn", "core", "log lines reported as information"),
     Var("MODEL_HEALTH_ENDPOINT", "text", "/health", "none", "core",
         "a path (against MODEL_SERVER_URL) or a full URL"),
     Var("BAKERY_ENGINE_PROGRAM", "text", None, "none", "generic", "the engine's program name (its exit line's)"),
@@ -242,6 +243,9 @@ def _convert(name: str, kind: str, raw: str, default: Any, bad: str) -> Any:
         return stripped
     if kind == "lines":
         lines = parse_lines(raw)
+        if not lines and strict:
+            raise BadValue(f"{name}={raw!r} holds no log line: set the engine's lines (a JSON list of strings, "
+                           "or one per line)")
         if not lines:
             raise BadValue(f"{name}={raw!r} holds no log line; using the default {list(default)!r}")
         return lines

@@ -1,14 +1,10 @@
-"""llama.cpp worker: llama-server's log file and log grammar over the shared OpenAI-compatible core."""
+"""llama.cpp: the shared worker as it is (a few streams at once). Its log file and log grammar are
+images/llama.yaml's, baked into the image (MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS)."""
 
 from app.core import run
 from app.worker_config import EngineDefaults
 
-DEFAULTS = EngineDefaults(
-    engine="llama",
-    model_log="/var/log/portal/llama.log",
-    load_lines=("model loaded",),
-    error_lines=("INFO exited: llama", "error loading model", "failed to load model"),
-)
+DEFAULTS = EngineDefaults(engine="llama")
 
 if __name__ == "__main__":
     run(DEFAULTS)
