@@ -22,7 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "config": (),
     "control": (),
     "logs": ("config", "control"),
-    "engine": ("control",),
+    "engine": ("config", "control"),
     "policy": ("config", "control", "engine", "logs"),
     "front": ("config", "control", "engine", "policy"),
     "app": ("config", "control", "engine", "front", "logs", "policy"),

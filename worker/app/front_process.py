@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from app import core, event_loop, output, sdk_config, worker_config
-from config import table
+from config import request_path, table
 from control import own_handler, sdk_seam
 from engine import engine_warm, native_relay
 from front import processes, wire
@@ -81,7 +81,10 @@ class State:
                 return True
             return self.knows(auth_data.url, auth_data.signature)
 
-        sdk_seam.put(backend, "check_signature", check_signature)
+        # The memo's place in the path (config/request_path.py): here it is the primary's pairs, and the
+        # SDK's check below it is never reached.
+        sdk_seam.put(backend, "check_signature", request_path.layer(
+            "signature_memo", check_signature, sdk_seam.get(backend, "check_signature")))
         return self.knows
 
 

@@ -149,7 +149,7 @@ def engine_argv(env: Mapping[str, str] | None = None) -> list[str]:
         match = TOKEN.match(arg)
         if match:
             name = match.group(1)
-            value = raw(env, name)
+            value = single_line(name, launch(env).get(name, ""))  # byte for byte: blanks are a value here
             if not value:
                 raise BootError(f"{name} is not set: the launch template must set it (the model to serve)")
             argv.append(value)

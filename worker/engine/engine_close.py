@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from config import request_path
 from control import sdk_seam
 
 HOOK = sdk_seam.hook("call_backend").attr  # the SDK's engine call (sdk_seam hook "call_backend")
@@ -32,7 +33,7 @@ def install(ctx: Any) -> None:
                 task.add_done_callback(lambda _task: _close(response))
             return response
 
-        return call_and_release
+        return request_path.layer("engine_close", call_and_release, inner)
 
     sdk_seam.wrap(ctx.backend, "call_backend", "engine_close.py", release)
 

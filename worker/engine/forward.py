@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from config import request_path
 from control import sdk_seam
 from engine import let_go
 
@@ -714,7 +715,7 @@ def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive
                 return await pool.post(handler.endpoint, body)
             return await inner(*args, **kwargs)
 
-        return call_backend
+        return request_path.layer("forward", call_backend, inner)
 
     sdk_seam.wrap(backend, "call_backend", "forward.py", fast)
     return pool

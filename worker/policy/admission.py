@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from config import table
+from config import request_path, table
 from control import sdk_seam
 from policy import drain, rules
 
@@ -431,15 +431,16 @@ def reconcile(limits: Any, env: Mapping[str, str]) -> tuple[Any, list[str]]:
                     f"least {limits.max_body_bytes} (default {table.BY_NAME[BYTES_VAR].default}) or leave it unset"]
 
 
-def install(ctx: Any, web: Any, rank: int) -> tuple[Budget, Connections]:
-    """Add admission to the guards' Context `ctx`: the middleware at `rank`, the connection cap and
+def install(ctx: Any, web: Any) -> tuple[Budget, Connections]:
+    """Add admission to the guards' Context `ctx`: the middleware at its place in the path, the connection cap and
     the listen backlog on every listener but the SDK's loopback one (ctx.http_port), and no request
     decompression."""
     limits = ctx.limits
     budget = Budget(limits.max_buffered_bytes)
     connections = Connections(limits.max_connections, limits.retry_after)
     ctx.runner_kwargs["auto_decompress"] = False
-    ctx.middlewares.append((rank, admission_middleware(web, budget, limits.max_body_bytes, limits.retry_after)))
+    ctx.middlewares.append(request_path.middleware(
+        "admission", admission_middleware(web, budget, limits.max_body_bytes, limits.retry_after)))
 
     def site_runner(runner: Any, port: int | None) -> Any:
         if port == ctx.http_port:

@@ -17,14 +17,13 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from config import table
+from config import request_path, table
 from control import sdk_seam
 
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
 # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
 DEFAULT_DRAIN_SECONDS = table.BY_NAME[DRAIN_VAR].default
 MAX_DRAIN_SECONDS = table.MAX_DRAIN_SECONDS
-RANK = -1  # outermost: a refused request must not reach any other middleware
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
 FLUSH_FLOOR = 1.0  # seconds the outcome reports get even when the requests in flight used the whole drain
@@ -206,7 +205,7 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
     async def draining(request: Any, handler: Any) -> Any:
         return await drain.middleware(request, handler)
 
-    ctx.middlewares.append((RANK, draining))
+    ctx.middlewares.append(request_path.middleware("drain", draining))
     ctx.on_startup.append(drain.on_startup)
     return drain
 

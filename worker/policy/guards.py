@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from config import table
+from config import request_path, table
 from control import sdk_seam
 from control.sdk_seam import GuardError
 from logs import log_escape
@@ -170,13 +170,6 @@ envelope_error, auth_error, redact_query = rules.envelope_error, rules.auth_erro
 report_hosts, callback_error = rules.report_hosts, rules.callback_error
 session_create_error = rules.session_create_error
 
-# Middleware order, outermost first: refusals that need no body before those that read it.
-# outcomes is outermost (outside the drain's -1): it sees every refusal, the drain's 503 included.
-RANK = {"outcomes": -2, "self_update": 0, "limits_body": 1, "sessions": 2, "not_ready": 3, "envelope": 4,
-        "limits_engine": 5}
-# but admission's (limits), further out: its 503 and 415 come before any body is read and name no
-# request (as 413 and 408 do not), and outcomes must not read a body it refused to buffer.
-RANK["admission"] = -3
 
 
 def _hook(obj: Any, key: str, guard: str) -> Any:
@@ -216,7 +209,7 @@ def _install_own_url(ctx: Context, web: Any) -> None:
                 return False
         return original(auth_data)
 
-    sdk_seam.put(backend, "check_signature", check_signature)
+    sdk_seam.put(backend, "check_signature", request_path.layer("own_url", check_signature, original))
 
 
 def auth_data_maker(auth_cls: Any) -> Callable[[dict[str, Any]], Any]:
@@ -244,12 +237,12 @@ def _install_sessions(ctx: Context, web: Any) -> None:
     _hook(ctx.backend, "check_signature", "sessions")  # called per request (own_url may wrap it)
     backend, limits = ctx.backend, ctx.limits
     verify = signature_check(backend, "sessions")
-    ctx.middlewares.append((RANK["sessions"], signed_first.sessions_middleware(
+    ctx.middlewares.append(request_path.middleware("sessions", signed_first.sessions_middleware(
         web, limits.sessions, limits.session_max_lifetime, report_hosts(ctx.report_addr), verify)))
 
 
 def _install_self_update(ctx: Context, web: Any) -> None:
-    ctx.middlewares.append((RANK["self_update"], rules.self_update_middleware(web)))
+    ctx.middlewares.append(request_path.middleware("self_update", rules.self_update_middleware(web)))
 
 
 def _install_limits(ctx: Context, web: Any) -> None:
@@ -288,12 +281,12 @@ def _install_limits(ctx: Context, web: Any) -> None:
                 outcome["timeout"] = type(exc).__name__
             raise
 
-    sdk_seam.put(backend, "call_backend", call_with_timeouts)
+    sdk_seam.put(backend, "call_backend", request_path.layer("engine_timeouts", call_with_timeouts, call_backend))
     ctx.on_startup.append(engine_session)
-    ctx.middlewares.append((RANK["limits_body"], rules.limits_body_middleware(
+    ctx.middlewares.append(request_path.middleware("limits_body", rules.limits_body_middleware(
         web, limits.max_body_bytes, limits.body_timeout)))
-    ctx.middlewares.append((RANK["limits_engine"], rules.limits_engine_middleware(web, routes)))
-    ctx.admission = admission.install(ctx, web, RANK["admission"])
+    ctx.middlewares.append(request_path.middleware("limits_engine", rules.limits_engine_middleware(web, routes)))
+    ctx.admission = admission.install(ctx, web)
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:
@@ -303,7 +296,7 @@ def _install_not_ready(ctx: Context, web: Any) -> None:
     def is_loaded() -> bool:
         return metrics.system_metrics.model_is_loaded
 
-    ctx.middlewares.append((RANK["not_ready"], rules.not_ready_middleware(
+    ctx.middlewares.append(request_path.middleware("not_ready", rules.not_ready_middleware(
         web, ctx.routes, is_loaded, ctx.limits.retry_after)))
 
 
@@ -323,7 +316,8 @@ def _install_envelope(ctx: Context, web: Any) -> None:
             request_idx=auth["request_idx"], reqnum=auth["reqnum"], workload=0.0, status="Created",
             entered_queue_at=time.time()))
 
-    ctx.middlewares.append((RANK["envelope"], signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
+    ctx.middlewares.append(request_path.middleware(
+        "envelope", signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
 
 
 def new_key(ctx: Context, key: Any) -> None:
@@ -491,9 +485,9 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         finally:
             _SIGNATURE.reset(token)
 
-    sdk_seam.put(backend, "check_signature", check_signature)
+    sdk_seam.put(backend, "check_signature", request_path.layer("outcomes_mark", check_signature, check))
     sdk_seam.put(metrics, "request_reject", request_reject)
-    ctx.middlewares.append((RANK["outcomes"], outcomes))
+    ctx.middlewares.append(request_path.middleware("outcomes", outcomes))
 
 
 INSTALLERS: dict[str, Callable[[Context, Any], None]] = {

@@ -15,6 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from config import request_path
+
 FAILURE_RUN = 3  # signature failures in a row that ask for a re-fetch (one forged request does not)
 
 log = logging.getLogger("bakery.key_rotation")
@@ -126,4 +128,4 @@ def counting(check: Callable[[Any], bool], rotation: Rotation, keyed: Callable[[
             rotation.record(bool(valid))
         return valid
 
-    return check_signature
+    return request_path.layer("pubkey_retry", check_signature, check)

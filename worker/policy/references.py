@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from config import table, uploads
+from config import request_path, table, uploads
 from config.uploads import UploadError, UploadLimits
 from control import sdk_seam
 
@@ -499,7 +499,7 @@ def install(ctx: Any, policy: Policy) -> concurrent.futures.ThreadPoolExecutor:
                     return answer
             return await inner(*args, **kwargs)
 
-        return call_backend
+        return request_path.layer("references", call_backend, inner)
 
     sdk_seam.wrap(ctx.backend, "call_backend", "references.py", guard)
     return pool

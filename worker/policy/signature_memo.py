@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from config import request_path
 from control import sdk_seam
 from policy import guards, pkcs1
 
@@ -88,7 +89,7 @@ def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
     knows.any = knows_any  # type: ignore[attr-defined]
     knows.pairs = pairs  # type: ignore[attr-defined]
     check_signature.knows = knows  # type: ignore[attr-defined]
-    return check_signature
+    return request_path.layer("signature_memo", check_signature, check)
 
 
 def first_pairs(backend: Any, knows: Callable[[str, str], bool],
