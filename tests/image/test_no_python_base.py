@@ -41,7 +41,7 @@ def run_python(client, image_id: str, code: str) -> str:
 
 def test_bundled_python_runs_the_worker_imports(docker_client, nopython_image: str) -> None:
     code = ("import json, os, sys; sys.path.insert(0, '/opt/bakery/worker'); "
-            "import workers.llama.worker as w, app.core as core; core.import_sdk(); "
+            "import workers.llama.worker as w, app.sdk_config as sdk_config; sdk_config.import_sdk(); "
             "import vastai; print(json.dumps({'exe': os.path.realpath(sys.executable), "
             "'version': list(sys.version_info[:2]), 'engine': w.DEFAULTS.engine}))")
     seen = json.loads(run_python(docker_client, nopython_image, code))

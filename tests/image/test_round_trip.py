@@ -65,7 +65,7 @@ def test_hostile_values_arrive_byte_for_byte(docker_client) -> None:
         # Inside a container, as the worker's process sees it; and the worker's own list parser.
         probe = (
             "import json, os, sys; sys.path.insert(0, '/opt/bakery/worker'); "
-            "from app.core import parse_lines; "
+            "from config.table import parse_lines; "
             "lists = {n: parse_lines(os.environ[n]) for n in "
             "('MODEL_LOAD_LOG_MSG', 'MODEL_ERROR_LOG_MSGS', 'MODEL_INFO_LOG_MSGS')}; "
             "print(json.dumps({'env': dict(os.environ), 'lists': lists}))"
