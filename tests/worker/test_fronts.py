@@ -1,4 +1,4 @@
-"""fronts.py and front_process.py: connections given to a front process are answered as the worker
+"""front/processes.py and front_process.py: connections given to a front process are answered as the worker
 alone answers them, their outcomes reach the platform's reports, the drain counts their requests,
 and a front process that dies leaves a worker that serves.
 

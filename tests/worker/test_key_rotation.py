@@ -148,7 +148,7 @@ def test_a_key_the_autoscaler_no_longer_serves_is_refused_within_the_refresh(
     refused and B accepted."""
     key_a, key_b, _ = keys
     reports = harness.report_server(key_a.pem)
-    # With a front process (fronts.py): the connections it is given must not pass A's pair either.
+    # With a front process (front/processes.py): the connections it is given must not pass A's pair either.
     served = secured(harness, start_engine(harness), reports, BAKERY_PUBKEY_REFRESH="3", BAKERY_FRONT_PROCESSES="1")
     served.worker.wait_for(SDK_READY, timeout=60)
     reports.wait_loaded()

@@ -77,7 +77,7 @@ VARIABLES: tuple[Var, ...] = (
         "wire | aiohttp: who reads port 3000's connections first (wire.py; aiohttp: every request aiohttp.web's)"),
     Var("BAKERY_FRONT_PROCESSES", "count", None, "warn", "fronts",
         "processes besides the worker that serve the plain signed requests of the connections given them "
-        "(fronts.py; 0: the worker alone; default: the engine's own, EngineDefaults.front_processes)"),
+        "(front/processes.py; 0: the worker alone; default: the engine's own, EngineDefaults.front_processes)"),
     Var("BAKERY_RELAY", "choice", "native", "warn", "core",
         "native | python: who moves a streamed body after its head (native_relay.py: bakery-relay, in C)"),
     Var("BAKERY_ENGINE_KEEP_WARM", "seconds", 60.0, "warn", "core",

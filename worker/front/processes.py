@@ -204,8 +204,8 @@ class Fleet:
         self.next_id = 0
         self.state: Any = None
         self.take_back: Callable[[socket.socket, bytes], None] | None = None  # wire: a connection given back
-        metrics = sdk_seam.find(backend, "metrics", "fronts.py")
-        _, self.request_metrics = sdk_seam.module_hook("request_metrics", "fronts.py")
+        metrics = sdk_seam.find(backend, "metrics", "front/processes.py")
+        _, self.request_metrics = sdk_seam.module_hook("request_metrics", "front/processes.py")
         self.metrics = metrics
         self.outcomes = {key: sdk_seam.get(metrics, key) for key in (
             "request_start", "request_success", "request_errored", "request_canceled", "request_end")}

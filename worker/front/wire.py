@@ -106,7 +106,7 @@ class Front:
     server_name: str
     served: int = 0
     handed: int = 0
-    fleet: Any = None  # fronts.Fleet: the front processes connections are given to, when any
+    fleet: Any = None  # processes.Fleet: the front processes connections are given to, when any
     inner: Callable[[], asyncio.BaseProtocol] | None = None  # aiohttp's factory (for a connection given back)
     adopting: set[asyncio.Task[None]] = field(default_factory=set)  # connections given back, being made
     handlers: dict[bytes, tuple[str, Any]] = field(init=False)
@@ -154,7 +154,7 @@ class Front:
 
     def adopt(self, sock: Any, protocol: Callable[[], Connection], failed: Callable[[], None] = lambda: None) -> None:
         """Serve the connected socket `sock` with `protocol()`, counted in the cap from here; `failed()`
-        when the client went away before it could be (fronts.py: connections given and given back)."""
+        when the client went away before it could be (front/processes.py: connections given and given back)."""
         self.connections.fronted += 1
         made: list[Connection] = []
 
@@ -443,7 +443,7 @@ class Connection(asyncio.Protocol):
 
 
 class Delegate(asyncio.Protocol):
-    """A connection given to a front process (fronts.py) as it opens: its descriptor goes to the
+    """A connection given to a front process (front/processes.py) as it opens: its descriptor goes to the
     process at the end of the loop turn, with any bytes read meanwhile, and this one's is closed. It
     stays in the cap's count until the process says it closed."""
 

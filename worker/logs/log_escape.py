@@ -2,7 +2,7 @@
 
 `Escaper`, a logging filter the log_hygiene guard installs, escapes every UNSAFE character and cuts values to
 VALUE_LIMIT and messages to MESSAGE_LIMIT. It is idempotent and runs once per record (ESCAPED), before
-front.py's redactions. Standard library only. The rule in full: docs/security.md.
+rules.py's redactions. Standard library only. The rule in full: docs/security.md.
 """
 
 from __future__ import annotations

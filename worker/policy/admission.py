@@ -75,7 +75,7 @@ class Budget:
         self.limit = limit
         self.held = 0
         self.refused = 0
-        self.slots: Any = None  # fronts.Slots: each process's bytes held, this one's in `slot`
+        self.slots: Any = None  # processes.Slots: each process's bytes held, this one's in `slot`
         self.slot = 0
 
     def share(self, slots: Any, slot: int) -> None:

@@ -72,7 +72,7 @@ class Drain:
         self._task: asyncio.Task[None] | None = None
         self.notes: list[Callable[[], str]] = []  # lines said when the drain begins (the wire front's count)
         # Waited for before the count is read: a front process's requests reach it a few ms late, and
-        # its answer that the drain began says every one of them is counted (fronts.Fleet.hold).
+        # its answer that the drain began says every one of them is counted (processes.Fleet.hold).
         self.holds: list[Callable[[], Awaitable[None]]] = []
         self._said = False
 

@@ -321,7 +321,7 @@ def _install_envelope(ctx: Context, web: Any) -> None:
 
 
 def new_key(ctx: Context, key: Any) -> None:
-    """Load the platform's new key, and tell who must know in the same step (fronts.py: a front process
+    """Load the platform's new key, and tell who must know in the same step (front/processes.py: a front process
     serves no pair of the old key from here on)."""
     sdk_seam.put(ctx.backend, "pubkey", key)
     for changed in ctx.key_changed:

@@ -82,7 +82,7 @@ def memo(check: Callable[[Any], bool], backend: Any) -> Callable[[Any], bool]:
         return key is not None and any(known is key for known in accepted.values())
 
     def pairs() -> list[tuple[str, str]]:
-        """The pairs accepted under the key loaded now (what front processes serve, fronts.py)."""
+        """The pairs accepted under the key loaded now (what front processes serve, front/processes.py)."""
         key = sdk_seam.get(backend, "pubkey")
         return [] if key is None else [pair for pair, known in accepted.items() if known is key]
 
