@@ -299,7 +299,7 @@ def _convert(name: str, kind: str, raw: str, default: Any, bad: str) -> Any:
             f"{name}={raw!r} is not a number of seconds from 0 to {MAX_DRAIN_SECONDS:g}: set it to how "
             f"long requests in flight may run after SIGTERM (default {default:g}; keep it below "
             "the stop grace, docker stop -t)")
-    raise KeyError(f"the kind {kind!r} of {name} is judged by its owner module, not by config.parse")
+    raise KeyError(f"the kind {kind!r} of {name} is judged by its owner module, not by table.parse")
 
 
 def parse(env: Mapping[str, str], name: str, kind: str, bad: str, default: Any,
