@@ -11,6 +11,7 @@ keeper looks every TICK s and renews LEAD s before KEEPALIVE, for WARM s after t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from typing import Any
 
@@ -19,6 +20,7 @@ from forward_probe import finish  # this script's directory is first on sys.path
 from engine import engine_warm, forward
 
 KEEPALIVE, ENGINE_IDLE, TICK, LEAD, WARM, QUIET = 0.8, 1.0, 0.05, 0.4, 2.5, 0.2
+BUSY_TRIES = 3  # busy phases run at most (one whose requests came QUIET apart proves nothing)
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -138,18 +140,28 @@ async def ready_case() -> dict[str, Any]:
 
 async def busy_case() -> dict[str, Any]:
     """Requests keep coming (one every TICK) while six idle connections are due: none is renewed
-    until QUIET after the last request."""
+    until QUIET after the last request. On a busy machine two requests may come QUIET or more apart,
+    and then a renewal between them is right: such a phase is run again (BUSY_TRIES at most), and the
+    largest gap of the phase reported is given with it."""
     engine = Engine()
     port = await engine.start()
     pool = forward.Pool("127.0.0.1", port, 5, 5, KEEPALIVE)
     pool.keeper = engine_warm.Keeper(pool, WARM, tick=TICK, per_tick=4, lead=LEAD, quiet=QUIET)
-    await burst(pool, 6)
-    await asyncio.sleep(LEAD + 0.05)  # all six due for renewal (idle >= KEEPALIVE - LEAD)
-    renewed_before = pool.keeper.renewed
-    for _ in range(10):  # one request every TICK for 0.5 s: the same (newest) connection each time
-        await burst(pool, 1)
-        await asyncio.sleep(TICK)
-    report = {"renewed_while_busy": pool.keeper.renewed - renewed_before}
+    tries = 0
+    while tries < BUSY_TRIES:
+        tries += 1
+        await burst(pool, 6)
+        await asyncio.sleep(LEAD + 0.05)  # all six due for renewal (idle >= KEEPALIVE - LEAD)
+        renewed_before = pool.keeper.renewed
+        starts = []
+        for _ in range(10):  # one request every TICK for 0.5 s: the same (newest) connection each time
+            await burst(pool, 1)
+            starts.append(pool.last_request)
+            await asyncio.sleep(TICK)
+        gap = max(later - earlier for earlier, later in itertools.pairwise(starts))
+        if gap < QUIET:
+            break
+    report = {"renewed_while_busy": pool.keeper.renewed - renewed_before, "busy_gap": gap, "busy_tries": tries}
     await asyncio.sleep(QUIET + 0.3)
     report["renewed_after"] = pool.keeper.renewed - renewed_before
     pool.keeper.stopping = lambda: True  # the worker drains: six due again, none renewed
