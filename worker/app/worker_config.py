@@ -115,10 +115,12 @@ def baked_facts(env: Mapping[str, str]) -> tuple[str, list[str], list[str]]:
     """(MODEL_LOG, MODEL_LOAD_LOG_MSG, MODEL_ERROR_LOG_MSGS) as the image baked them (or a launch template
     set them). Raises ConfigError with one line per variable missing or holding no line."""
     errors: list[str] = []
-    values = [table.read(env, name, errors=errors) for name in BAKED_FACTS]
-    errors += [f"{name} is not set: an image bakes it from images/<engine>.yaml (bake.env); outside an image, "
-               "set it to the engine's" for name, found in zip(BAKED_FACTS, values, strict=True) if found is None and
-               not any(line.startswith(f"{name}=") for line in errors)]
+    values = []
+    for name in BAKED_FACTS:
+        if not table.is_set(env, name):
+            errors.append(f"{name} is not set: an image bakes it from images/<engine>.yaml (bake.env); outside an "
+                          "image, set it to the engine's")
+        values.append(table.read(env, name, errors=errors))  # a set value that holds no line: its own line
     if errors:
         raise ConfigError(errors)
     model_log, load_lines, error_lines = values
