@@ -49,6 +49,24 @@ def make_worker() -> Any:
     return vastai.Worker(config)
 
 
+def install(worker: Any, limits: Any, active: tuple[str, ...]) -> Any:
+    """guards.install on `worker` as core.install_parts calls it, with the bare chains below the guards:
+    bakery's verification, and an engine call through the engine session (the limits guard's once its
+    startup hook ran)."""
+    from control import sdk_seam
+    from policy import guards, signature
+
+    backend = worker.backend
+    platform = signature.Trust(bool(backend.unsecured))
+
+    async def call_engine(handler: Any, payload: Any) -> Any:
+        return await sdk_seam.engine_session(backend).post(url=handler.endpoint, json=payload.generate_payload_json())
+
+    return guards.install(worker, limits, routes=("/v1/completions",), http_port=3001,
+                          report_addr=os.environ["REPORT_ADDR"], platform=platform,
+                          check_signature=signature.verify(platform), call_engine=call_engine, active=active)
+
+
 def fingerprint(name: str) -> dict[str, Any]:
     """What installing guard `name` alone changes on a fresh Worker (and the shared state)."""
     from policy import guards
@@ -58,9 +76,13 @@ def fingerprint(name: str) -> dict[str, Any]:
     before_backend = set(backend.__dict__)
     before_metrics = set(backend.metrics.__dict__)
     root_filters = {id(f) for h in logging.getLogger().handlers for f in h.filters}
-    ctx = guards.install(worker, guards.Limits(), routes=("/v1/completions",), http_port=3001,
-                         report_addr=os.environ["REPORT_ADDR"], active=(name,))
+    ctx = install(worker, guards.Limits(), (name,))
+    bare = install(make_worker(), guards.Limits(), ())
     changed = sorted(f"backend.{k}" for k in set(backend.__dict__) - before_backend)
+    changed += [f"chain.{chain}" for chain in ("check_signature", "call_engine")
+                if getattr(ctx, chain).__code__ is not getattr(bare, chain).__code__]
+    if not inspect.ismethod(ctx.outcomes.reject):  # a guard's own function in place of the SDK Metrics' method
+        changed.append("outcomes.reject")
     changed += sorted(f"metrics.{k}" for k in set(backend.metrics.__dict__) - before_metrics)
     changed += [f"middleware.{mw.__name__}" for _, mw in ctx.middlewares]
     changed += [f"app.{k}" for k in ctx.app_kwargs] + [f"runner.{k}" for k in ctx.runner_kwargs]
@@ -77,8 +99,7 @@ async def engine_session_timeout() -> dict[str, Any]:
 
     worker = make_worker()
     limits = guards.Limits(engine_connect_timeout=3.5, engine_idle_timeout=7.5)
-    ctx = guards.install(worker, limits, routes=("/v1/completions",), http_port=3001,
-                         report_addr=os.environ["REPORT_ADDR"], active=("limits",))
+    ctx = install(worker, limits, ("limits",))
     for hook in ctx.on_startup:
         await hook(None)
     session = worker.backend.session  # the SDK's cached_property: ours, if the hook holds
@@ -114,8 +135,7 @@ async def engine_connect_timeout() -> dict[str, Any]:
     finally:
         del os.environ["MODEL_SERVER_URL"]
     backend = worker.backend
-    ctx = guards.install(worker, guards.Limits(engine_connect_timeout=1.0), routes=("/v1/completions",),
-                         http_port=3001, report_addr=os.environ["REPORT_ADDR"], active=("limits",))
+    ctx = install(worker, guards.Limits(engine_connect_timeout=1.0), ("limits",))
     for hook in ctx.on_startup:
         await hook(None)
     outcome: dict[str, str] = {}
@@ -123,7 +143,7 @@ async def engine_connect_timeout() -> dict[str, Any]:
     handler = backend.benchmark_handler
     started = time.monotonic()
     try:
-        call = backend._Backend__call_backend(handler=handler, payload=handler.make_benchmark_payload())
+        call = ctx.call_engine(handler=handler, payload=handler.make_benchmark_payload())
         await asyncio.wait_for(call, 20)
         error = "none"
     except asyncio.TimeoutError as exc:
@@ -145,10 +165,9 @@ def layered_signature_check() -> dict[str, Any]:
 
     worker = make_worker()
     backend = worker.backend
-    ctx = guards.install(worker, guards.Limits(), routes=("/v1/completions",), http_port=3001,
-                         report_addr=os.environ["REPORT_ADDR"], active=("own_url", "pubkey_retry", "outcomes"))
+    ctx = install(worker, guards.Limits(), ("own_url", "pubkey_retry", "outcomes"))
     key = RSA.generate(2048)
-    backend._pubkey = key
+    ctx.platform.set_pubkey(key)
     own, other = backend.metrics.url, "http://198.51.100.1:1"
 
     def verdict(url: str) -> dict[str, Any]:
@@ -160,7 +179,7 @@ def layered_signature_check() -> dict[str, Any]:
         seen: dict[str, bool] = {}
         token = guards._SIGNATURE.set(seen)
         try:
-            valid = backend._Backend__check_signature(data_types.AuthData(
+            valid = ctx.check_signature(data_types.AuthData(
                 cost="1", endpoint="e", reqnum=1, request_idx=1, signature=signature, url=url))
         finally:
             guards._SIGNATURE.reset(token)

@@ -1,10 +1,11 @@
-"""Run inside the worker venv (PYTHONPATH=worker/): the signature memo on a real SDK Worker.
+"""Run inside the worker venv (PYTHONPATH=worker/): bakery's signature check on a real SDK Worker.
 
     <venv>/bin/python signature_memo_probe.py
 
 Builds a Worker as core.run() does (core.install_parts: every layer of the signature check), gives it
-a key, and counts the RSA verifications the SDK's own check makes (its backend module's pkcs1_15) for
-a sequence of checks. Prints one JSON object; tests/worker/test_signature_memo.py asserts it.
+a key, counts bakery's RSA verifications (pkcs1.Verifier.verify) for a sequence of checks, and holds
+policy/signature.py's verdicts to the SDK's own check. Prints one JSON object for
+tests/worker/test_signature_memo.py.
 """
 
 from __future__ import annotations
@@ -13,30 +14,12 @@ import base64
 import json
 import os
 import sys
+import types
 from typing import Any
 
 ENV = {"CONTAINER_ID": "5", "REPORT_ADDR": "http://127.0.0.1:9", "PUBLIC_IPADDR": "203.0.113.7",
        "WORKER_PORT": "3000", "VAST_TCP_PORT_3000": "41234", "USE_SSL": "false", "UNSECURED": "false",
        "MODEL_LOG": "/dev/null"}
-
-
-class CountingPkcs1:
-    """Stands for the SDK backend module's `pkcs1_15`: the same scheme, each verification counted."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.verifications = 0
-
-    def new(self, key: Any) -> Any:
-        scheme = self.real.new(key)
-        outer = self
-
-        class Counted:
-            def verify(self, digest: Any, signature: bytes) -> None:
-                outer.verifications += 1
-                scheme.verify(digest, signature)
-
-        return Counted()
 
 
 def sign(key: Any, url: str) -> str:
@@ -51,71 +34,84 @@ def main() -> int:
     os.environ.update(ENV)
     import vastai
     from Crypto.PublicKey import RSA
-    from vastai.serverless.server.lib import backend as backend_module
     from vastai.serverless.server.lib import data_types
 
     from app import core
     from control import sdk_seam
-    from policy import signature_memo
+    from policy import pkcs1, signature, signature_memo
     from workers.llama.worker import DEFAULTS
 
+    counted = [0]
+    real_verify = pkcs1.Verifier.verify
+
+    def verify_counted(self: Any, message: bytes, raw: bytes) -> bool:
+        counted[0] += 1
+        return real_verify(self, message, raw)
+
+    pkcs1.Verifier.verify = verify_counted  # type: ignore[method-assign]
     cfg = core.load_config(DEFAULTS, os.environ)
     sdk_config, _ = core.build_worker_config(cfg.settings, vastai, ["word"])
     worker = vastai.Worker(sdk_config)
-    core.install_parts(worker, cfg, core.endpoint_handlers(sdk_config))
-    backend = worker.backend
-    counter = CountingPkcs1(backend_module.pkcs1_15)
-    backend_module.pkcs1_15 = counter
+    sdk_check = type(worker.backend)._Backend__check_signature  # the SDK's own, before bakery's replaces it
+    ctx = core.install_parts(worker, cfg, core.endpoint_handlers(sdk_config))
+    backend, platform = worker.backend, ctx.platform
     key, other_key = RSA.generate(2048), RSA.generate(2048)
-    sdk_seam.put(backend, "pubkey", key.publickey())
+    platform.set_pubkey(key.publickey())
     own = backend.metrics.url
-    signature = sign(key, own)
-    flipped = base64.b64encode(bytes([base64.b64decode(signature)[0] ^ 1]) + base64.b64decode(signature)[1:]).decode()
+    sig = sign(key, own)
+    flipped = base64.b64encode(bytes([base64.b64decode(sig)[0] ^ 1]) + base64.b64decode(sig)[1:]).decode()
 
-    def check(url: str, sig: str, reqnum: int = 1) -> dict[str, Any]:
-        before = counter.verifications
-        valid = sdk_seam.check_signature(backend, data_types.AuthData(
-            cost="1", endpoint="e", reqnum=reqnum, request_idx=reqnum, signature=sig, url=url))
-        return {"valid": valid, "rsa": counter.verifications - before, "reqnum": backend.reqnum}
+    def auth(url: Any, sig_: Any, reqnum: int = 1) -> Any:
+        return data_types.AuthData(cost="1", endpoint="e", reqnum=reqnum, request_idx=reqnum, signature=sig_, url=url)
 
-    facts: dict[str, Any] = {"own": own}
-    facts["first"] = check(own, signature, 10)
-    facts["again"] = [check(own, signature, n) for n in (50, 20, 30)]
-    facts["flipped"] = [check(own, flipped, 99) for _ in range(3)]
-    facts["other_key"] = [check(own, sign(other_key, own), 99) for _ in range(2)]
-    facts["other_url"] = check("http://198.51.100.1:1", sign(key, "http://198.51.100.1:1"), 99)
+    def check(url: str, sig_: str) -> dict[str, Any]:
+        before = counted[0]
+        valid = ctx.check_signature(auth(url, sig_))
+        return {"valid": valid, "rsa": counted[0] - before}
+
+    facts: dict[str, Any] = {"own": own,
+                             "sdk_calls_bakerys": sdk_seam.get(backend, "check_signature") is ctx.check_signature}
+    facts["first"] = check(own, sig)
+    facts["again"] = [check(own, sig) for _ in range(3)]
+    facts["flipped"] = [check(own, flipped) for _ in range(3)]
+    facts["other_key"] = [check(own, sign(other_key, own)) for _ in range(2)]
+    facts["other_url"] = check("http://198.51.100.1:1", sign(key, "http://198.51.100.1:1"))
     # The key changes (a rotation installs a new key object): the pair is checked again, under it.
-    sdk_seam.put(backend, "pubkey", other_key.publickey())
-    facts["after_rotation_old_signature"] = [check(own, signature, 60) for _ in range(2)]
+    platform.set_pubkey(other_key.publickey())
+    facts["after_rotation_old_signature"] = [check(own, sig) for _ in range(2)]
     new_signature = sign(other_key, own)
-    facts["after_rotation_new_signature"] = [check(own, new_signature, 61) for _ in range(2)]
+    facts["after_rotation_new_signature"] = [check(own, new_signature) for _ in range(2)]
     # The same key material in a new object is a new key to the memo: checked once more, then remembered.
-    sdk_seam.put(backend, "pubkey", RSA.import_key(other_key.publickey().export_key()))
-    facts["same_key_new_object"] = [check(own, new_signature, 62) for _ in range(2)]
+    platform.set_pubkey(RSA.import_key(other_key.publickey().export_key()))
+    facts["same_key_new_object"] = [check(own, new_signature) for _ in range(2)]
+    # bakery's verification against the SDK's own check (given the same key: bakery's own is not the
+    # SDK's), on what each decodes loosely or refuses.
+    backend._pubkey = platform.pubkey()
+    bare = signature.verify(platform)
+    good = sign(other_key, own)
+    raw = base64.b64decode(good)
+    cases = {"valid": good, "flipped": base64.b64encode(bytes([raw[0] ^ 1]) + raw[1:]).decode(),
+             "other_key": sign(key, own), "newlines": "\n".join(good[i:i + 64] for i in range(0, len(good), 64)),
+             "unpadded": good.rstrip("="), "junk_inside": good[:10] + "!!" + good[10:], "short": good[:40],
+             "undecodable": "!!", "empty": "", "not_ascii": "\u00e9" + good, "number": 12345,
+             "bytes": good.encode(), "one_byte_more": base64.b64encode(raw + b"\0").decode()}
+    facts["differential"] = {name: [bare(auth(own, value)), sdk_check(backend, auth(own, value))]
+                             for name, value in cases.items()}
+    facts["differential_url"] = [[bare(auth(url, signed)), sdk_check(backend, auth(url, signed))]
+                                 for url in (own, own + "/", 7, None) for signed in [sign(other_key, str(url))]]
     # A bounded memo: MAX_PAIRS + 1 accepted pairs (each a different signed URL, accepted with the URL
     # check out of the way) push the first one out.
-    inner_counts = []
-    bare_backend_check = type(backend)._Backend__check_signature
-    bounded = signature_memo.memo(lambda auth: bare_backend_check(backend, auth), backend)
+    bounded = signature_memo.memo(bare, platform.pubkey, False)
     urls = [f"http://203.0.113.{i}:1" for i in range(signature_memo.MAX_PAIRS + 1)]
     signatures = {url: sign(other_key, url) for url in urls}
 
     def bounded_check(url: str) -> tuple[bool, int]:
-        before = counter.verifications
-        valid = bounded(data_types.AuthData(cost="1", endpoint="e", reqnum=1, request_idx=1,
-                                            signature=signatures[url], url=url))
-        return valid, counter.verifications - before
+        before = counted[0]
+        return bounded(auth(url, signatures[url])), counted[0] - before
 
-    for url in urls:
-        inner_counts.append(bounded_check(url))
-    facts["bounded_fill"] = inner_counts
+    facts["bounded_fill"] = [bounded_check(url) for url in urls]
     facts["bounded_last_again"] = bounded_check(urls[-1])
     facts["bounded_first_again"] = bounded_check(urls[0])
-    # What pkcs1.py cannot judge (not canonical base64) goes to the SDK's check (own_url refuses it
-    # before, when installed; here the memo wraps the bare check).
-    before = counter.verifications
-    odd = bounded(data_types.AuthData(cost="1", endpoint="e", reqnum=1, request_idx=1, signature="!!", url=urls[0]))
-    facts["undecodable"] = [odd, counter.verifications - before]
     # guards.auth_data_maker makes what AuthData.from_json_msg makes (and fails as it fails).
     from policy import guards
 
@@ -132,9 +128,14 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - the SDK's JsonDataException is compared
             errors.append([type(exc).__name__, str(exc)])
     facts["auth_data_missing"] = errors
-    # UNSECURED: the SDK's check is called as it is, every time.
+    # No key: refused, by bakery's check and by the SDK's.
+    platform.set_pubkey(None)
+    backend._pubkey = None
+    facts["no_key"] = [bare(auth(own, good)), sdk_check(backend, auth(own, good))]
+    # UNSECURED: everything is accepted, as the SDK's check accepts it.
     backend.unsecured = True
-    facts["unsecured"] = [check(own, "", 70) for _ in range(2)]
+    loose = signature.verify(types.SimpleNamespace(unsecured=True, pubkey=lambda: None))  # type: ignore[arg-type]
+    facts["unsecured"] = [loose(auth(own, "")), sdk_check(backend, auth(own, ""))]
     print(json.dumps(facts))
     return 0
 

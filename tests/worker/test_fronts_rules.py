@@ -13,9 +13,8 @@ import pytest
 
 from app import front_process, worker_config
 from config import table
-from control import sdk_seam
 from front import processes
-from policy import admission, guards
+from policy import admission, guards, signature
 from tests.worker import helpers  # noqa: F401 (puts worker/ on sys.path first)
 from tests.worker.helpers import baked_facts
 
@@ -161,21 +160,23 @@ def test_a_front_process_serves_no_pair_of_a_key_the_primary_replaced() -> None:
 
 
 def test_key_rotation_tells_its_listeners_once_the_new_key_is_loaded() -> None:
-    backend = types.SimpleNamespace(**{sdk_seam.hook("pubkey").attr: "old"})
-    ctx = guards.Context(backend=backend, limits=None, routes=(), http_port=0, report_addr="")
+    platform = signature.Trust(unsecured=False)
+    platform.set_pubkey("old")
+    ctx = guards.Context(backend=None, limits=None, routes=(), http_port=0, report_addr="", platform=platform,
+                         outcomes=None, check_signature=lambda _auth: False, call_engine=None)  # type: ignore[arg-type]
     seen: list[Any] = []
-    ctx.key_changed.append(lambda: seen.append(sdk_seam.get(backend, "pubkey")))
+    ctx.key_changed.append(lambda: seen.append(platform.pubkey()))
     guards.new_key(ctx, "new")
-    assert seen == ["new"]
+    assert seen == ["new"] and platform.pubkey() == "new"
 
 
 def bare_fleet(members: list[processes.Member]) -> processes.Fleet:
     """A Fleet with what its drain hold and state messages use (no SDK, no processes started)."""
     fleet = object.__new__(processes.Fleet)
     fleet.__dict__.update(members=members, drain=types.SimpleNamespace(draining=True), knows=lambda *_: False,
-                          backend=types.SimpleNamespace(unsecured=False), loaded=lambda: True,
-                          wait_time=lambda: 0.0, slots=processes.Slots(len(members) + 1), state=None,
-                          unseen=set(), seen=None)
+                          platform=types.SimpleNamespace(unsecured=False),
+                          outcomes=types.SimpleNamespace(loaded=lambda: True, wait_time=lambda: 0.0),
+                          slots=processes.Slots(len(members) + 1), state=None, unseen=set(), seen=None)
     return fleet
 
 

@@ -56,7 +56,8 @@ def test_limits_an_engine_that_never_accepts_times_out_and_is_recorded(facts: di
 
 
 def test_requests_go_through_the_hooked_methods(facts: dict[str, Any]) -> None:
-    """own_url wraps the signature check, limits the engine call: both must be what a request calls."""
+    """The SDK's handler (a session's requests) and its benchmark call these two: bakery replaces both
+    with its own chains (app/core.py install_parts), so they must be what the SDK calls."""
     assert all(facts["backend_methods"].values()), facts["backend_methods"]
     assert facts["handle_request_calls"] == ["_Backend__call_backend", "_Backend__check_signature"]
 
@@ -112,10 +113,10 @@ def test_sessions_and_self_update_routes_are_the_ones_guarded(facts: dict[str, A
                                            "/session/get", "/session/health"]
 
 
-# Hooks that guards wrap in layers, each calling the one below (test_layered_signature_check proves
-# the layers act when all are installed); every other hook belongs to one guard. pubkey_retry's layer
+# The chain that guards wrap in layers, each calling the one below (test_layered_signature_check proves
+# the layers act when all are installed); every other change belongs to one guard. pubkey_retry's layer
 # counts the verdicts (a run of failures re-fetches the key: test_key_rotation.py).
-LAYERED = {"backend._Backend__check_signature": {"own_url", "pubkey_retry", "outcomes"}}
+LAYERED = {"chain.check_signature": {"own_url", "pubkey_retry", "outcomes"}}
 
 
 def test_each_guard_changes_its_own_things_only(facts: dict[str, Any]) -> None:
@@ -158,8 +159,7 @@ def test_the_hooks_pinned_here_are_rows_of_the_seam(facts: dict[str, Any]) -> No
     """What this file pins is what the seam's table declares (a hook here and not there is a reach
     past the seam)."""
     attrs = {hook.attr for hook in sdk_seam.HOOKS}
-    pinned = {"_Backend__check_signature", "_Backend__call_backend", "_fetch_pubkey", "_pubkey",
+    pinned = {"_Backend__check_signature", "_Backend__call_backend", "_fetch_pubkey",
               "_Backend__pubkey_fetch_complete", "_model_loaded", "_request_reject",
               "_Metrics__send_delete_requests_and_reset", "session", "web", "url"}
     assert pinned <= attrs, pinned - attrs
-    assert {f"backend.{sdk_seam.hook('check_signature').attr}"} == set(LAYERED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from typing import Any
 
 import pytest
 
@@ -29,15 +30,19 @@ def test_active_names_every_installer_once() -> None:
     assert all(name.isidentifier() and name == name.lower() for name in guards.ACTIVE)
 
 
+BARE: dict[str, Any] = {"platform": None, "check_signature": lambda _auth: False, "call_engine": None}
+
+
 def test_install_refuses_an_unknown_name() -> None:
     with pytest.raises(guards.GuardError, match=r"unknown guard.*own_ur"):
-        guards.install(object(), guards.Limits(), routes=(), http_port=1, report_addr="", active=("own_ur",))
+        guards.install(object(), guards.Limits(), routes=(), http_port=1, report_addr="", active=("own_ur",),
+                       **BARE)
 
 
 def test_install_refuses_without_the_sdk_server_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(__import__("sys").modules, guards.SERVER_MODULE, raising=False)
     with pytest.raises(guards.GuardError, match="vastai changed"):
-        guards.install(object(), guards.Limits(), routes=(), http_port=1, report_addr="", active=())
+        guards.install(object(), guards.Limits(), routes=(), http_port=1, report_addr="", active=(), **BARE)
 
 
 def test_the_startup_line_lists_guards_and_limits() -> None:

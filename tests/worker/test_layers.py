@@ -24,7 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "logs": ("config", "control"),
     "engine": ("config", "control"),
     "policy": ("config", "control", "engine", "logs"),
-    "front": ("config", "control", "engine", "policy"),
+    "front": ("config", "engine", "policy"),
     "app": ("config", "control", "engine", "front", "logs", "policy"),
     "boot": ("config", "logs"),
     "workers": ("app", "config"),

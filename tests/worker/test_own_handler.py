@@ -1,12 +1,13 @@
-"""own_handler.py: bakery's handling of a route request against the SDK's own Backend.__handle_request.
+"""own_handler.py: bakery's route handler against the SDK's own Backend.__handle_request.
 
 Differential, in the worker venv: the same request meets the SDK's handler (vastai 1.9.1, the real
 method on a Backend) and bakery's, each with a recorder for Metrics, and every scenario the SDK's
 handler distinguishes (served; JSON it cannot parse; missing fields; a refused signature; a queue
 over max_queue_time; an engine call or a response that fails; a client gone mid-call) must give the
 same answer (status and body), the same outcome calls on Metrics in the same order with the same
-request state, and the same engine calls. A session request and a queued route must reach the SDK's
-handler itself. The whole worker test suite runs on bakery's handler besides (core.run installs it).
+request state, and the same engine calls. A session request goes to the SDK's handler (sessions are the
+SDK's); a queued route (bakery makes none) is served as the SDK serves it. The whole worker test suite runs
+on bakery's handler besides (core.run installs it as every route's).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SCRIPT = textwrap.dedent("""
     from vastai.serverless.server.lib.backend import Backend
     from vastai.serverless.server.lib.data_types import JsonDataException
     from aiohttp import web
-    from control import own_handler
+    from control import own_handler, sdk_seam
+    from types import SimpleNamespace
 
     class ModelMetrics:
         wait_time = 0.0
@@ -37,6 +39,7 @@ SCRIPT = textwrap.dedent("""
     class Recorder:
         def __init__(self, calls):
             self.calls, self.model_metrics = calls, ModelMetrics()
+            self.system_metrics = SimpleNamespace(model_is_loaded=True)
         def note(self, name, rm, *rest):
             self.calls.append([name, rm.request_idx, rm.reqnum, rm.workload, rm.status, rm.success,
                                rm.work_started_at > 0, *rest])
@@ -99,12 +102,15 @@ SCRIPT = textwrap.dedent("""
     async def run(scenario, own):
         calls = []
         b = backend(scenario, calls)
-        if own:
-            assert own_handler.install(b) is not None
-            assert "_Backend__handle_request" in b.__dict__  # bakery's, on the instance
-        handle = b._Backend__handle_request
         request = Request(BODIES.get(scenario, json.dumps(GOOD)))
-        task = asyncio.ensure_future(handle(handler=Handler(scenario), request=request))
+        handler = Handler(scenario)
+        if own:  # bakery's chains are the ones the SDK's handler calls here: only the handler differs
+            ctx = SimpleNamespace(outcomes=sdk_seam.Outcomes(b), check_signature=b._Backend__check_signature,
+                                  call_engine=b._Backend__call_backend)
+            _, handle = own_handler.install(ctx, b)
+            task = asyncio.ensure_future(handle(handler)(request))
+        else:
+            task = asyncio.ensure_future(b._Backend__handle_request(handler=handler, request=request))
         if scenario == "cancelled":
             for _ in range(20):
                 await asyncio.sleep(0)

@@ -3,8 +3,9 @@
 Pure checks of the declaration (each stage's code exists, the kinds, the middleware ranks), then a real
 SDK Worker built as core.run() builds it (tests/worker/request_path_probe.py): its aiohttp.web
 middlewares, the layers of its signature check and of its engine call must be STAGES' own, in STAGES'
-order, each chain ending on the SDK's method it wraps. A reordering planted in the worker's code (the
-guards installed in reverse) and one planted in the declaration are both caught.
+order, bakery's to the end of each chain. A reordering planted in the worker's code (the guards installed
+in reverse) and one planted in the declaration are both caught. One signed request, traced on its way
+through a route's handler to an engine and back, calls nothing of the SDK's Backend.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from config import request_path
 from tests.worker.helpers import HERE, WORKER_DIR, probe_facts
 
 KINDS = ("listener", "middleware", "handler", "signature", "engine", "answer")
-# Where a chain ends: the SDK's own method under bakery's layers (its name, as the probe reads it).
-SDK_INNER = {"signature": "__check_signature", "engine": "__call_backend"}
+# What a request may call of the SDK (vastai as locked), by file: the route's EndpointHandler and payload
+# that the SDK's public HandlerConfig makes from bakery's parser, workload and response generator
+# (worker.py, data_types.py), and the control plane's record of the request (sdk_seam.Outcomes).
+SDK_ALLOWED_FILES = {"serverless/server/worker.py", "serverless/server/lib/data_types.py",
+                     "serverless/server/lib/metrics.py"}
+OUTCOME_CALLS = {"_request_start", "_request_success", "_request_end", "_request_id"}
 
 
 def mismatches(declared: tuple[request_path.Stage, ...], facts: dict[str, Any]) -> list[str]:
@@ -28,13 +33,11 @@ def mismatches(declared: tuple[request_path.Stage, ...], facts: dict[str, Any]) 
     found = []
     for kind in ("middleware", "signature", "engine"):
         want = [stage.name for stage in declared if stage.kind == kind]
-        if kind == "signature":
-            want = want[:-1]  # the last is the SDK's own check, untagged: what the chain ends on
         if facts[kind] != want:
             found.append(f"{kind}: the worker runs {facts[kind]}, config/request_path.py declares {want}")
-    for kind, name in SDK_INNER.items():
-        if facts[f"{kind}_inner"] != name:
-            found.append(f"{kind}: the innermost layer wraps {facts[f'{kind}_inner']}, not the SDK's {name}")
+    for kind in ("signature", "engine"):
+        if facts[f"{kind}_inner"] != "NoneType":
+            found.append(f"{kind}: the innermost layer wraps {facts[f'{kind}_inner']}, not nothing")
     return found
 
 
@@ -63,6 +66,23 @@ def test_the_middlewares_rank_in_the_declared_order() -> None:
 
 def test_the_worker_runs_the_declared_path(facts: dict[str, Any]) -> None:
     assert mismatches(request_path.STAGES, facts) == []
+
+
+def test_the_sdks_own_callers_reach_bakerys_chains(facts: dict[str, Any]) -> None:
+    """The SDK's readiness benchmark and its handler of a session's requests call bakery's chains."""
+    assert facts["sdk_reaches_bakerys"] == [True, True]
+
+
+def test_a_request_passes_through_nothing_of_the_sdks_backend(facts: dict[str, Any]) -> None:
+    request = facts["request"]
+    assert request["status"] == 200 and '"ok"' in request["body"], request
+    called = request["sdk_called"]
+    files = {item.rsplit(":", 1)[0] for item in called}
+    assert files <= SDK_ALLOWED_FILES, files - SDK_ALLOWED_FILES
+    metrics = {item.rsplit(":", 1)[1] for item in called if item.startswith("serverless/server/lib/metrics.py")}
+    assert metrics == OUTCOME_CALLS, metrics
+    # The trace sees SDK code at all (else the two checks above prove nothing).
+    assert any(item.endswith(":get_data_from_request") for item in called), called
 
 
 def test_a_reordering_planted_in_the_declaration_is_caught(facts: dict[str, Any]) -> None:

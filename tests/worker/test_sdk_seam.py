@@ -8,7 +8,7 @@ sdk_seam.py (boot/ aside: PID 1 imports no SDK):
   when bakery's worker code itself defines `_name` (a module-level or class-level name, or an
   attribute it assigns on `self`) and `_name` is not an SDK hook's;
 - no string constant is a name-mangled name (`_Class__name`) or a private hook attribute of HOOKS
-  (so `getattr(obj, "_pubkey")` counts too).
+  (so `getattr(obj, "_request_reject")` counts too).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_only_the_seam_names_an_sdk_private() -> None:
 @pytest.mark.parametrize("source", [
     "backend._Backend__call_backend = f\n",
     "x = metrics._model_loaded\n",
-    "getattr(backend, '_pubkey')\n",
+    "getattr(metrics, '_request_reject')\n",
     "getattr(m, '_Metrics__send_metrics_and_reset')\n",
     "self._fetch_pubkey = f\n",
 ])

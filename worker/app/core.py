@@ -50,26 +50,38 @@ from control import own_handler, queue_wait, sdk_seam
 from engine import engine_warm, forward, native_relay
 from front import processes
 from logs import late_errors, stages
-from policy import admission, drain, guards, references, signature_memo
+from policy import admission, drain, guards, references, signature, signature_memo
+
+
+def remembered(platform: signature.Trust, verify: Any) -> Any:
+    """The signature check's layer over `verify`: the signature memo (it has `knows(url, signature)`)."""
+    return signature_memo.memo(verify, platform.pubkey, platform.unsecured)
 
 
 def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | None,
-                  signature_layer: Any = signature_memo.install) -> Any:
-    """Add to the SDK's `worker` everything bakery adds, in its order; the guards' Context. Raises
-    guards.GuardError when an SDK hook is gone. `signature_layer(backend)` makes the innermost layer
-    of the signature check and returns its knows(url, signature) (a front process's: the primary's pairs)."""
+                  signature_layer: Any = remembered, outcomes: Any = None) -> Any:
+    """Build the request path's two chains (the signature check, the engine call) and add to the SDK's
+    `worker` everything bakery adds, in its order; the guards' Context. Raises guards.GuardError when an
+    SDK hook is gone. `signature_layer(platform, verify)` is the layer over the signature's verification
+    and has `knows(url, signature)` (a front process's: the primary's pairs); `outcomes` where outcomes
+    are reported (default: the SDK's Metrics)."""
     settings, limits = cfg.settings, cfg.limits
-    # First, so the guards' wrappers of the engine call (timeouts, engine_close) wrap this one too.
-    pool = forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
-                           guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
-    known = signature_layer(worker.backend)  # likewise: the innermost layer of the signature check
+    platform = signature.Trust(settings.unsecured)
+    pool, call_engine = forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
+                                        guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
+    check = signature_layer(platform, signature.verify(platform))
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
-                         report_addr=cfg.report_addr, handlers=handlers)
-    ctx.signature_known = known
+                         report_addr=cfg.report_addr, handlers=handlers, platform=platform, check_signature=check,
+                         call_engine=call_engine, outcomes=outcomes)
+    ctx.signature_known = check.knows
     ctx.drain = serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
                     settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark
                     stages.Stages(cfg.stage_lines, say))  # the time to ready's stages
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
+    # The SDK's own callers (its readiness benchmark, its handler of a session's requests) reach bakery's
+    # chains; bakery's route handler calls them directly (control/own_handler.py).
+    sdk_seam.put(worker.backend, "check_signature", ctx.check_signature)
+    sdk_seam.put(worker.backend, "call_backend", ctx.call_engine)
     ctx.pool = pool
     if pool is not None:
         share = processes.ready_share(settings.engine_ready_connections, settings.front_processes)
@@ -82,7 +94,15 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     return ctx
 
 
-def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str, Any] | None,
+def serve_routes(worker: Any, ctx: Any, handlers: dict[str, Any]) -> Any:
+    """Make bakery's route handler (control/own_handler.py) the handler of every route of the SDK's
+    `worker`; returns its `serve` (the steps after the parse, for the wire front). Call after install_parts."""
+    serve, handle = own_handler.install(ctx, worker.backend)
+    worker.routes = own_handler.routes(handlers, handle)  # Worker.routes: what its server adds to the app
+    return serve
+
+
+def install_front(settings: Settings, ctx: Any, handlers: dict[str, Any] | None,
                   serve: Any, header_timeout: float) -> tuple[str, Any]:
     """Put wire.py's front on WORKER_PORT's connections (BAKERY_FRONT=wire, the default); (the startup
     line saying who reads them, the wire.Front or None). Call after the access logger class is chosen
@@ -92,10 +112,8 @@ def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str
     from front import wire  # msgspec (signed_first): the worker venv's
     served = {route: handlers[route] for route in settings.routes.routes if handlers and route in handlers}
     made = None
-    if serve is not None and served and ctx.signature_known is not None:
-        metrics = sdk_seam.find(backend, "metrics", "wire.py")
-        made = wire.install(ctx, served, serve, ctx.signature_known, backend, header_timeout,
-                            lambda: bool(metrics.system_metrics.model_is_loaded))
+    if served and ctx.signature_known is not None:
+        made = wire.install(ctx, served, serve, ctx.signature_known, header_timeout, ctx.outcomes.loaded)
     if made is None:
         return (f"bakery-worker: front: aiohttp.web reads every request (the wire front needs the limits "
                 f"guard, the drain and the SDK's route handlers; {FRONT_VAR}=wire asked for it)"), None
@@ -103,7 +121,7 @@ def install_front(settings: Settings, ctx: Any, backend: Any, handlers: dict[str
             f"aiohttp.web (bodies up to {wire.BODY_MAX} bytes); everything else is aiohttp.web's ({FRONT_VAR})"), made
 
 
-def install_fronts(defaults: EngineDefaults, settings: Settings, ctx: Any, backend: Any, made: Any) -> str | None:
+def install_fronts(defaults: EngineDefaults, settings: Settings, ctx: Any, made: Any) -> str | None:
     """Start BAKERY_FRONT_PROCESSES front processes with the server (processes.py); the startup line, or
     None when there are none."""
     count = settings.front_processes
@@ -113,13 +131,10 @@ def install_fronts(defaults: EngineDefaults, settings: Settings, ctx: Any, backe
         warn(f"{processes.PROCESSES_VAR}={count}: front processes need the wire front ({FRONT_VAR}=wire, "
               "the SDK's route handlers, the limits guard); the worker serves alone")
         return None
-    metrics = sdk_seam.find(backend, "metrics", "processes.py")
     slots = processes.Slots(count + 1)
     ctx.admission[0].share(slots, 0)  # the body budget: every process's bytes
-    fleet = processes.Fleet(count, defaults, backend, ctx.drain, ctx.signature_known,
-                         loaded=lambda: bool(metrics.system_metrics.model_is_loaded),
-                         wait_time=lambda: sdk_seam.get(metrics, "model_metrics").wait_time,
-                         slots=slots, released=made.released)
+    fleet = processes.Fleet(count, defaults, ctx.platform, ctx.outcomes, ctx.drain, ctx.signature_known,
+                            slots=slots, released=made.released)
     made.fleet = fleet
     fleet.take_back = made.take_back
     ctx.drain.holds.append(fleet.hold)
@@ -175,19 +190,16 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         fail(sdk_seam.describe_missing(gone), EXIT_SDK)
     handlers = endpoint_handlers(sdk_config)
     if handlers is None:
-        warn(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (a changed SDK): a refused request's outcome is "
-              "reported with no load")
+        fail(f"{'.'.join(SDK_HANDLER_FACTORY)} not found (vastai changed): bakery's route handler needs each "
+             f"route's EndpointHandler: update the hook 'handler_factory' in {sdk_seam.SEAM_FILE}", EXIT_SDK)
     try:
         ctx = install_parts(worker, cfg, handlers)
+        serve = serve_routes(worker, ctx, handlers)
     except guards.GuardError as exc:
         fail(str(exc), EXIT_SDK)
     if not queue_wait.install(sdk_seam.find(worker.backend, "metrics", "queue_wait")):
         warn(f"{sdk_seam.hook('wait_time').where} or {sdk_seam.hook('requests_working').where} not found (a "
               "changed SDK): the queue estimate is summed on every request, as the SDK does")
-    serve = own_handler.install(worker.backend)
-    if serve is None:
-        warn(f"a hook of own_handler.py ({', '.join(own_handler.HOOK_KEYS)}) not found (a changed SDK): "
-              "every request is handled by the SDK's own handler")
     say(guards.describe(guards.ACTIVE, limits))
     say(drain.describe(cfg.drain_seconds))
     say(references.describe(cfg.reference_policy))
@@ -205,9 +217,9 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         if missing:
             warn(f"the SDK's per-request lines cannot be dropped (no logger in {', '.join(missing)}); "
                   f"they are logged as with {LOG_REQUESTS_VAR}=true")
-    front_line, made = install_front(settings, ctx, worker.backend, handlers, serve, limits.header_timeout)
+    front_line, made = install_front(settings, ctx, handlers, serve, limits.header_timeout)
     say(front_line)
-    fronts_line = install_fronts(defaults, settings, ctx, worker.backend, made)
+    fronts_line = install_fronts(defaults, settings, ctx, made)
     if fronts_line:
         say(fronts_line)
     loop_name, loop_warning = event_loop.install(settings.loop_choice)

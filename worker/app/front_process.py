@@ -17,11 +17,12 @@ import signal
 import socket
 import sys
 import time
+import types
 from typing import Any
 
 from app import core, event_loop, output, sdk_config, worker_config
 from config import request_path, table
-from control import own_handler, sdk_seam
+from control import own_handler
 from engine import engine_warm, native_relay
 from front import processes, wire
 
@@ -54,8 +55,7 @@ class Outbox:
 
 
 class State:
-    """What the primary last sent: the pairs it accepts, the loaded mark, the drain, the queue estimate
-    (read by own_handler as the SDK's model_metrics.wait_time)."""
+    """What the primary last sent: the pairs it accepts, the loaded mark, the drain, the queue estimate."""
 
     def __init__(self, slots: processes.Slots) -> None:
         self.slots = slots
@@ -71,21 +71,16 @@ class State:
         change is seen here the moment the primary loads it, before its new pairs arrive)."""
         return (url, signature) in self.pairs and self.slots.generation == self.generation
 
-    def layer(self, backend: Any) -> Any:
-        """The innermost signature check (core.install_parts' signature_layer): the primary's pairs."""
-        for key in ("pubkey", "unsecured"):
-            sdk_seam.find(backend, key, "front_process")
+    def layer(self, platform: Any, verify: Any) -> Any:
+        """The signature check's layer over `verify` (core.install_parts' signature_layer): the primary's
+        pairs, in the memo's place (config/request_path.py); `verify` below it is never reached."""
+        unsecured = platform.unsecured
 
         def check_signature(auth_data: Any) -> bool:
-            if backend.unsecured:
-                return True
-            return self.knows(auth_data.url, auth_data.signature)
+            return unsecured or self.knows(auth_data.url, auth_data.signature)
 
-        # The memo's place in the path (config/request_path.py): here it is the primary's pairs, and the
-        # SDK's check below it is never reached.
-        sdk_seam.put(backend, "check_signature", request_path.layer(
-            "signature_memo", check_signature, sdk_seam.get(backend, "check_signature")))
-        return self.knows
+        check_signature.knows = self.knows  # type: ignore[attr-defined]
+        return request_path.layer("signature_memo", check_signature, verify)
 
 
 class FrontDrain:
@@ -112,12 +107,24 @@ class FrontDrain:
 
 
 class Outcomes:
-    """The SDK's outcome calls, sent to the primary (processes.Fleet applies them)."""
+    """sdk_seam.Outcomes' interface in a front process: outcomes go to the primary (processes.Fleet reports
+    them), the queue estimate and the loaded mark are the primary's last."""
 
-    def __init__(self, outbox: Outbox) -> None:
+    def __init__(self, outbox: Outbox, state: State) -> None:
         self.outbox = outbox
+        self.state = state
         self.ids = itertools.count(1)
         self.open: dict[int, list[Any]] = {}  # id(metrics) -> [rid, kind, message]
+
+    def new(self, request_idx: Any, reqnum: Any, workload: float, entered: float | None = None) -> Any:
+        return types.SimpleNamespace(request_idx=request_idx, reqnum=reqnum, workload=workload,
+                                     entered_queue_at=time.time() if entered is None else entered)
+
+    def wait_time(self) -> float:
+        return self.state.wait_time
+
+    def loaded(self) -> bool:
+        return self.state.loaded
 
     def start(self, metrics: Any) -> None:
         rid = next(self.ids)
@@ -147,12 +154,6 @@ class Outcomes:
     def reject(self, metrics: Any) -> None:
         self.outbox.event(("r", metrics.request_idx, metrics.reqnum, metrics.workload, metrics.entered_queue_at))
 
-    def install(self, metrics: Any) -> None:
-        for key, call in (("request_start", self.start), ("request_success", self.success),
-                          ("request_errored", self.errored), ("request_canceled", self.canceled),
-                          ("request_end", self.end), ("request_reject", self.reject)):
-            sdk_seam.find(metrics, key, "front_process")
-            sdk_seam.put(metrics, key, call)
 
 
 class Given(wire.Connection):
@@ -218,13 +219,9 @@ def main(argv: list[str]) -> None:
     handlers = sdk_config.endpoint_handlers(made)
     slots = processes.Slots(size, slots_fd)
     state = State(slots)
-    ctx = core.install_parts(worker, cfg, handlers, signature_layer=state.layer)
-    backend = worker.backend
-    metrics = sdk_seam.find(backend, "metrics", "front_process")
     outbox = Outbox(link)
-    Outcomes(outbox).install(metrics)
-    sdk_seam.put(metrics, "model_metrics", state)  # own_handler reads the queue estimate from it
-    serve = own_handler.install(backend)
+    ctx = core.install_parts(worker, cfg, handlers, signature_layer=state.layer, outcomes=Outcomes(outbox, state))
+    serve, _ = own_handler.install(ctx, worker.backend)
     if not settings.log_requests:
         ctx.runner_kwargs["access_log_class"] = output.quiet_access_log_class()
         output.quiet_requests()
@@ -234,19 +231,19 @@ def main(argv: list[str]) -> None:
     ctx.drain = FrontDrain(outbox, state)
     served = {route: handlers[route] for route in settings.routes.routes if handlers and route in handlers}
     front = None
-    if serve is not None and served:
-        front = wire.install(ctx, served, serve, state.knows, backend, limits.header_timeout, lambda: state.loaded)
+    if served:
+        front = wire.install(ctx, served, serve, state.knows, limits.header_timeout, ctx.outcomes.loaded)
     if front is None:
         sys.stderr.write(f"bakery-worker: front process {index}: the wire front cannot run here; ending\n")
         raise SystemExit(output.EXIT_SDK)
     event_loop.install(settings.loop_choice)
     native_relay.install(settings.relay, settings.relay_program, limits.send_timeout)
-    asyncio.run(serve_forever(front, state, outbox, link, ctx, primary_drain, metrics,
+    asyncio.run(serve_forever(front, state, outbox, link, ctx, primary_drain,
                               processes.ready_share(settings.engine_ready_connections, settings.front_processes)))
 
 
 async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: socket.socket, ctx: Any,
-                        primary_drain: Any, metrics: Any, ready_connections: int) -> None:
+                        primary_drain: Any, ready_connections: int) -> None:
     loop = asyncio.get_running_loop()
     outbox.loop = loop
     ended = loop.create_future()
@@ -261,7 +258,6 @@ async def serve_forever(front: wire.Front, state: State, outbox: Outbox, link: s
         pairs, state.unsecured, loaded, draining, state.wait_time, state.generation = new
         state.pairs = frozenset(tuple(pair) for pair in pairs)
         state.loaded = loaded
-        metrics.system_metrics.model_is_loaded = loaded
         if draining and not state.draining:
             state.draining = True
             if primary_drain is not None:

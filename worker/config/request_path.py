@@ -55,17 +55,18 @@ STAGES: tuple[Stage, ...] = (
           "anything parses its payload", "policy/signed_first.py envelope_middleware"),
     Stage("limits_engine", "middleware", "an engine call that timed out: 504 (not 500)",
           "policy/rules.py limits_engine_middleware"),
-    Stage("parse", "handler", "a payload the route's parser refuses: 422", "control/own_handler.py handle_request"),
+    Stage("parse", "handler", "a payload the route's parser refuses: 422; a request bound to a session goes to "
+          "the SDK's handler (sessions are the SDK's)", "control/own_handler.py handle_request"),
     Stage("outcomes_mark", "signature", "nothing: marks a forged request so its refusal counts no load",
           "policy/guards.py _install_outcomes"),
     Stage("pubkey_retry", "signature", "nothing: counts failures under the key (a run of them fetches it "
           "again)", "policy/key_rotation.py counting"),
     Stage("own_url", "signature", "a signature for another worker's URL, or one that is not canonical base64 of "
           "the key's size: 401", "policy/guards.py _install_own_url"),
-    Stage("signature_memo", "signature", "a signature pkcs1.py finds invalid: 401; a pair accepted before under "
-          "the key is accepted without the RSA step", "policy/signature_memo.py memo"),
-    Stage("sdk_signature", "signature", "a signature that does not verify under the platform's key: 401",
-          "vastai Backend.__check_signature (control/sdk_seam.py hook check_signature)"),
+    Stage("signature_memo", "signature", "nothing: a pair accepted before under the key is accepted without "
+          "the RSA step", "policy/signature_memo.py memo"),
+    Stage("verify", "signature", "a signature that does not verify under the platform's key (or none loaded): "
+          "401", "policy/signature.py verify"),
     Stage("queue", "handler", "a request over the route's max_queue_time: 429", "control/own_handler.py serve"),
     Stage("references", "engine", "a reference to an address the engine must not fetch: 4xx without an engine "
           "call", "policy/references.py install"),
@@ -73,8 +74,8 @@ STAGES: tuple[Stage, ...] = (
           "engine/engine_close.py install"),
     Stage("engine_timeouts", "engine", "an engine that does not connect in BAKERY_ENGINE_CONNECT_TIMEOUT or is "
           "silent for BAKERY_ENGINE_IDLE_TIMEOUT: recorded, answered 504", "policy/guards.py _install_limits"),
-    Stage("forward", "engine", "nothing: bakery's own engine client sends the request and reads the answer's head",
-          "engine/forward.py install"),
+    Stage("forward", "engine", "nothing: bakery's own engine client sends the request and reads the answer's head "
+          "(a multipart one goes by aiohttp's client)", "engine/forward.py install"),
     Stage("relay", "answer", "nothing: a streamed body after its head goes by bakery-relay, under the send bound",
           "engine/native_relay.py, worker/relay/bakery_relay.c"),
     Stage("outcome", "answer", "nothing: the request's outcome (served, errored 500, canceled 499) is reported",

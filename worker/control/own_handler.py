@@ -1,8 +1,8 @@
-"""A route request's handling in its own task: vastai 1.9.1's Backend.__handle_request, step for step.
+"""bakery's route handler: every route request at :3000 is handled here, none by the SDK's handler.
 
-The same steps, order, Metrics outcome calls and answers as the SDK's handler, without the task, Event,
-closures and queue-lock round it adds per request (each one more loop turn in a burst). Routes served one at a
-time, remote dispatch and sessions stay with the SDK's handler. Stdlib only at import time; docs/serving.md.
+The steps, their order, the outcome reports and the answers are those of vastai 1.9.1's handler, in the
+request's own task: parse, signature, queue check, engine call, answer. The signature check and the engine call
+are bakery's chains (policy/guards.py Context); a request bound to a session goes to the SDK, whose sessions are.
 """
 
 from __future__ import annotations
@@ -16,83 +16,76 @@ from typing import Any
 from control import sdk_seam
 
 WHO = "own_handler.py"
-# The hooks this module needs, all optional: with one gone, every request keeps the SDK's handler.
-HOOK_KEYS = ("handle_request", "metrics", "model_metrics", "request_start", "request_success",
-             "request_errored", "request_canceled", "request_end", "request_reject")
+Serve = Callable[..., Awaitable[Any]]
 
 
-def install(backend: Any) -> Any:
-    """Serve the backend's route requests with `handle_request` below; returns its `serve` (the steps
-    after the parse, for the wire front), or None (nothing changed) when a hook it needs is gone."""
-    try:
-        original = sdk_seam.find(backend, "handle_request", WHO)
-        metrics = sdk_seam.find(backend, "metrics", WHO)
-        for key in HOOK_KEYS[2:]:
-            sdk_seam.find(metrics, key, WHO)
-        _, refusal = sdk_seam.module_hook("json_data_exception", WHO)
-        _, request_metrics = sdk_seam.module_hook("request_metrics", WHO)
-    except sdk_seam.GuardError:
-        return None
+def install(ctx: Any, backend: Any) -> tuple[Serve, Callable[[Any], Any]]:
+    """(serve, handle): `serve` runs the steps after the parse (the wire front calls it too); `handle(handler)`
+    is the aiohttp handler of a route whose SDK EndpointHandler is `handler`. Call after install_parts:
+    the chains of `ctx` are final. Raises GuardError when an SDK point it needs is gone."""
     from aiohttp import web
 
+    session_request = sdk_seam.find(backend, "handle_request", WHO)
+    _, refusal = sdk_seam.module_hook("json_data_exception", WHO)
     log = sdk_seam.backend_logger()
-    model_metrics = sdk_seam.get(metrics, "model_metrics")
-    start = sdk_seam.get(metrics, "request_start")
-    success = sdk_seam.get(metrics, "request_success")
-    errored = sdk_seam.get(metrics, "request_errored")
-    canceled = sdk_seam.get(metrics, "request_canceled")
-    end = sdk_seam.get(metrics, "request_end")
+    outcomes, check_signature, call_engine = ctx.outcomes, ctx.check_signature, ctx.call_engine
+    reject, start, success, errored, canceled, end = (outcomes.reject, outcomes.start, outcomes.success,
+                                                       outcomes.errored, outcomes.canceled, outcomes.end)
 
     async def serve(handler: Any, auth_data: Any, payload: Any, respond: Callable[[Any], Awaitable[Any]],
                     bare: Callable[[int], Any]) -> Any:
-        """The steps after the parse: outcome, signature, queue check, engine call, answer."""
-        metrics_of = request_metrics(request_idx=auth_data.request_idx, reqnum=auth_data.reqnum,
-                                     workload=payload.count_workload(), status="Created",
-                                     entered_queue_at=time.time())
-        # Looked up per request: the guards' layers of both are installed after this module.
-        if sdk_seam.check_signature(backend, auth_data) is False:
-            sdk_seam.get(metrics, "request_reject")(metrics_of)
+        """The steps after the parse: record, signature, queue check, engine call, answer, outcome."""
+        record = outcomes.new(auth_data.request_idx, auth_data.reqnum, payload.count_workload())
+        if check_signature(auth_data) is False:
+            reject(record)
             return bare(401)
-        if handler.max_queue_time is not None and model_metrics.wait_time > handler.max_queue_time:
-            sdk_seam.get(metrics, "request_reject")(metrics_of)
+        if handler.max_queue_time is not None and outcomes.wait_time() > handler.max_queue_time:
+            reject(record)
             return bare(429)
-        start(metrics_of)
+        start(record)
         try:
-            metrics_of.work_started_at = time.time()
+            record.work_started_at = time.time()
             try:
-                answer = await sdk_seam.get(backend, "call_backend")(handler=handler, payload=payload)
+                answer = await call_engine(handler=handler, payload=payload)
                 response = await respond(answer)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 (the SDK's make_request: any failure is a 500)
-                errored(metrics_of, str(exc))
+            except Exception as exc:  # noqa: BLE001 (as the SDK's handler: any failure is a 500)
+                errored(record, str(exc))
                 return bare(500)
-            success(metrics_of)
+            success(record)
             return response
         except asyncio.CancelledError:  # the client went away (aiohttp's handler cancellation)
-            log.debug(f"Request {metrics_of.reqnum} cancelled (client disconnect)")
-            canceled(metrics_of)
+            log.debug(f"Request {record.reqnum} cancelled (client disconnect)")
+            canceled(record)
             return bare(499)
         finally:
-            end(metrics_of)
+            end(record)
 
     def bare(status: int) -> Any:
         return web.Response(status=status)
 
-    async def handle_request(handler: Any, request: Any) -> Any:
-        if not handler.allow_parallel_requests or handler.remote_function:
-            return await original(handler=handler, request=request)
-        try:
-            data = await request.json()
-            auth_data, payload, session_id = handler.get_data_from_request(data)
-        except refusal as exc:
-            return web.json_response(data=exc.message, status=422)
-        except json.JSONDecodeError:
-            return web.json_response({"error": "invalid JSON"}, status=422)
-        if session_id is not None:
-            return await original(handler=handler, request=request)
-        return await serve(handler, auth_data, payload,
-                           lambda answer: handler.generate_client_response(request, answer), bare)
+    def handle(handler: Any) -> Callable[[Any], Awaitable[Any]]:
+        async def handle_request(request: Any) -> Any:
+            try:
+                data = await request.json()
+                auth_data, payload, session_id = handler.get_data_from_request(data)
+            except refusal as exc:
+                return web.json_response(data=exc.message, status=422)
+            except json.JSONDecodeError:
+                return web.json_response({"error": "invalid JSON"}, status=422)
+            if session_id is not None:  # sessions are the SDK's
+                return await session_request(handler=handler, request=request)
+            return await serve(handler, auth_data, payload,
+                               lambda answer: handler.generate_client_response(request, answer), bare)
 
-    sdk_seam.put(backend, "handle_request", handle_request)
-    return serve
+        return handle_request
+
+    return serve, handle
+
+
+def routes(handlers: dict[str, Any], handle: Callable[[Any], Any]) -> list[Any]:
+    """aiohttp route definitions: each route's request to bakery's handler (the SDK Worker's `routes`)."""
+    from aiohttp import web
+
+    return [web.post(route, handle(handler)) for route, handler in handlers.items()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,18 +53,12 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("check_signature", "Backend", "_Backend__check_signature", "wrap",
-         ("signature_memo", "own_url", "pubkey_retry", "outcomes", "sessions", "envelope"),
-         "the SDK's per-request signature check: signature_memo accepts a pair it accepted under the same "
-         "key without the RSA step and refuses one pkcs1.py finds invalid before it, own_url adds the URL "
-         "check, pubkey_retry counts failures "
-         "(a run of them re-fetches the key), outcomes records each verdict (three declared layers), "
-         "sessions calls it for /session/*, envelope before the payload is parsed"),
-    Hook("call_backend", "Backend", "_Backend__call_backend", "wrap",
-         ("forward", "limits", "engine_close", "references"),
-         "the engine call of every request and of the benchmark: a JSON request sent by bakery's own "
-         "client (forward), timeouts recorded for the 504 (limits), the engine's answer closed when its "
-         "request ends (engine_close), a signed request's references checked first (references)"),
+    Hook("check_signature", "Backend", "_Backend__check_signature", "replace", ("sessions",),
+         "the SDK's signature check, which only its own handler calls (a request bound to a session, and "
+         "sessions are the SDK's): replaced by bakery's (policy/signature.py and its layers)"),
+    Hook("call_backend", "Backend", "_Backend__call_backend", "replace", ("benchmark", "sessions"),
+         "the SDK's engine call, which its readiness benchmark and its handler of a session's requests call: "
+         "replaced by bakery's (engine/forward.py and its layers, app/core.py install_parts)"),
     Hook("engine_session", "Backend", "session", "set", ("limits", "late_errors"),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use; late_errors probes the engine's health on it"),
@@ -74,17 +69,10 @@ HOOKS: tuple[Hook, ...] = (
          "the key for the worker's lifetime (key_rotation.py)"),
     Hook("pubkey_fetched", "Backend", "_Backend__pubkey_fetch_complete", "call", ("pubkey_retry",),
          "the event the SDK's readiness waits 60 s on before erroring the worker: set at once"),
-    Hook("pubkey", "Backend", "_pubkey", "read", ("pubkey_retry", "outcomes", "own_url", "signature_memo"),
-         "the platform's public key the SDK checks signatures with: set (and replaced when it rotates) by "
-         "pubkey_retry, read by outcomes and signature_memo (an accepted pair holds for its key only)"),
-    Hook("unsecured", "Backend", "unsecured", "read", ("core", "own_url", "pubkey_retry", "outcomes",
-                                                       "signature_memo"),
+    Hook("unsecured", "Backend", "unsecured", "read", ("core",),
          "the SDK's reading of UNSECURED, checked to be the worker's"),
-    Hook("reqnum", "Backend", "reqnum", "set", ("signature_memo",),
-         "the highest reqnum the SDK accepted a signature for (its check's one side effect): set as the "
-         "check sets it when signature_memo accepts a pair it knows"),
     Hook("metrics", "Backend", "metrics", "read", ("not_ready", "own_url", "pubkey_retry", "outcomes",
-                                                   "late_errors", "envelope", "ready_mark"),
+                                                   "late_errors", "ready_mark"),
          "the Backend's Metrics (status reports, request outcomes)"),
     Hook("own_url", "Metrics", "url", "read", ("own_url",), "the URL the worker reports: the one it serves"),
     Hook("model_is_loaded", "Metrics", "system_metrics.model_is_loaded", "read",
@@ -94,8 +82,8 @@ HOOKS: tuple[Hook, ...] = (
          "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("request_reject", "Metrics", "_request_reject", "wrap", ("outcomes", "envelope", "own_handler"),
-         "queues a refused request's outcome: a forged one counts no load (envelope reports its early 401)"),
+    Hook("request_reject", "Metrics", "_request_reject", "call", ("outcomes",),
+         "queues a refused request's outcome (Outcomes.reject)"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
     Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
@@ -122,8 +110,8 @@ HOOKS: tuple[Hook, ...] = (
          "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
     Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
          "the envelope type the signature check takes"),
-    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes", "envelope", "own_handler"),
-         "a request's outcome, for a refusal the SDK never saw"),
+    Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
+         "a request's record, as the control plane's report counts it (Outcomes.new)"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
          "the SDK's handlers of each route, to count a refused request's workload", required=False),
     Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
@@ -143,14 +131,12 @@ HOOKS: tuple[Hook, ...] = (
          "the queue estimate every request is checked against (max_queue_time), a sum over every request "
          "in flight (O(N^2) per burst): replaced by a property that reads queue_wait's kept sum",
          required=False),
-    Hook("handle_request", "Backend", "_Backend__handle_request", "replace", ("own_handler",),
-         "every route request's handling (parse, signature, queue check, engine call, outcome): replaced "
-         "for the routes that serve in parallel by own_handler.py's, the same steps in the request's own "
-         "task (the SDK runs the engine call in a task of its own); sessions and queued routes keep it",
-         required=False),
+    Hook("handle_request", "Backend", "_Backend__handle_request", "call", ("sessions",),
+         "the SDK's handling of a route request bound to a session (sessions are the SDK's): bakery's route "
+         "handler (control/own_handler.py) hands it such a request, and serves every other itself"),
     *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("own_handler",),
-           f"a request's outcome as the SDK's handler reports it ({why}): called by own_handler.py at the "
-           "same points", required=False) for step, why in (
+           f"a request's outcome as the SDK's handler reports it ({why}): Outcomes calls it at the same "
+           "points") for step, why in (
         ("start", "in flight, its workload pending"), ("success", "served"), ("errored", "the engine call "
          "failed: 500"), ("canceled", "the client went away: 499"), ("end", "however it ended"))),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
@@ -242,17 +228,36 @@ def replace_in_module(key: str, who: str, value: Any) -> Any:
 # --------------------------------------------------------------------------- named uses
 
 
-def check_signature(backend: Any, auth_data: Any) -> bool:
-    """The signature check as a request meets it now (with every guard's layer)."""
-    return getattr(backend, BY_KEY["check_signature"].attr)(auth_data)
+class Outcomes:
+    """The control plane's record of the requests, the one interface bakery's request path reports through:
+    a record made (`new`), its outcome (start, success, errored, canceled, end, reject: the SDK's Metrics
+    counts them for the status report) and the queue estimate a request is checked against. A front process
+    has its own with the same methods (app/front_process.py)."""
+
+    def __init__(self, backend: Any, who: str = "outcomes") -> None:
+        metrics = find(backend, "metrics", who)
+        _, self._made = module_hook("request_metrics", who)
+        self.model_metrics = find(metrics, "model_metrics", who)
+        self.start, self.success, self.errored, self.canceled, self.end, self.reject = (
+            find(metrics, key, who) for key in OUTCOME_KEYS)
+        self._system = metrics.system_metrics
+
+    def new(self, request_idx: Any, reqnum: Any, workload: float, entered: float | None = None) -> Any:
+        """A request's record, as the SDK's handler makes it when the request comes in."""
+        return self._made(request_idx=request_idx, reqnum=reqnum, workload=workload, status="Created",
+                          entered_queue_at=time.time() if entered is None else entered)
+
+    def wait_time(self) -> float:
+        """The queue estimate (control/queue_wait.py keeps it)."""
+        return float(self.model_metrics.wait_time)
+
+    def loaded(self) -> bool:
+        """Whether the readiness benchmark ran (the SDK's loaded mark)."""
+        return bool(self._system.model_is_loaded)
 
 
-def note_accepted_reqnum(backend: Any, reqnum: Any) -> None:
-    """What the SDK's check does with an accepted signature's reqnum (vastai 1.9.1: keeps the highest)."""
-    attr = BY_KEY["reqnum"].attr
-    setattr(backend, attr, max(reqnum, getattr(backend, attr)))
-
-
+OUTCOME_KEYS = ("request_start", "request_success", "request_errored", "request_canceled", "request_end",
+                "request_reject")
 
 
 def require_session_property(backend: Any, who: str) -> None:

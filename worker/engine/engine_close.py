@@ -11,9 +11,6 @@ import asyncio
 from typing import Any
 
 from config import request_path
-from control import sdk_seam
-
-HOOK = sdk_seam.hook("call_backend").attr  # the SDK's engine call (sdk_seam hook "call_backend")
 
 
 def _close(response: Any) -> None:
@@ -23,17 +20,16 @@ def _close(response: Any) -> None:
 
 
 def install(ctx: Any) -> None:
-    """Wrap the backend's engine call (after the guards wrapped theirs) so each engine response is
+    """Wrap the engine call (ctx.call_engine, after the guards wrapped theirs) so each engine response is
     closed when its task ends."""
-    def release(inner: Any) -> Any:
-        async def call_and_release(*args: Any, **kwargs: Any) -> Any:
-            response = await inner(*args, **kwargs)
-            task = asyncio.current_task()
-            if task is not None:
-                task.add_done_callback(lambda _task: _close(response))
-            return response
+    inner = ctx.call_engine
 
-        return request_path.layer("engine_close", call_and_release, inner)
+    async def call_and_release(*args: Any, **kwargs: Any) -> Any:
+        response = await inner(*args, **kwargs)
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _task: _close(response))
+        return response
 
-    sdk_seam.wrap(ctx.backend, "call_backend", "engine_close.py", release)
+    ctx.call_engine = request_path.layer("engine_close", call_and_release, inner)
 

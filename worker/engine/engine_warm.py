@@ -12,8 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from control import sdk_seam
-
 DEFAULT = 60.0  # seconds after the last request during which idle engine connections are renewed
 TICK = 0.25  # seconds between two looks at the idle connections
 PER_TICK = 48  # renewals at once: 192 a second, 256 connections within their LEAD
@@ -66,11 +64,11 @@ def install(ctx: Any, pool: Any, count: int) -> None:
         pool.keeper.stopping = lambda: bool(drain.draining)
     if count <= 0:
         return
-    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
+    loaded = ctx.outcomes.loaded
     tasks: list[asyncio.Task[None]] = []
 
     async def when_loaded() -> None:
-        while not metrics.system_metrics.model_is_loaded:
+        while not loaded():
             await asyncio.sleep(LOADED_POLL)
         opened = await open_ready(pool, count)
         if opened < count:

@@ -681,41 +681,58 @@ FIRST_CONNECT_GRACE = 5.0  # seconds a refused first engine connection is tried 
 FIRST_CONNECT_STEP = 0.05
 
 
+def form_data(fields: dict[str, Any]) -> Any:
+    """The multipart body of an upload's fields (config/uploads.py makes them): a file part is a tuple
+    (filename, bytes, content type), a list one part per item, a dict or list value JSON, a bool
+    true/false, anything else its str(); None is left out."""
+    import aiohttp
+
+    form = aiohttp.FormData(default_to_multipart=True)
+    for name, value in fields.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, tuple):
+                filename, content, content_type = item
+                form.add_field(name, content, filename=filename, content_type=content_type)
+            elif isinstance(item, (bytes, bytearray)):
+                raise TypeError(f"multipart field {name!r}: bytes go in a file part (filename, bytes, content type)")
+            elif item is not None:
+                text = (json.dumps(item) if isinstance(item, (dict, list))
+                        else ("true" if item else "false") if isinstance(item, bool) else str(item))
+                form.add_field(name, text)
+    return form
+
+
 def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float,
-            keep_warm: float = 0.0) -> Pool | None:
-    """Send the JSON requests of `backend` (the SDK's Backend) through this module's client, its idle
-    engine connections renewed for `keep_warm` seconds after a request (engine_warm.py; 0: never).
-
-    Wraps the SDK's engine call (sdk_seam hook "call_backend") first, so the guards' wrappers (the
-    timeouts' 504, engine_close) see this call as they see the SDK's. Returns the pool, or None when
-    the engine URL is not plain HTTP (then every request keeps the SDK's client).
-    """
+            keep_warm: float = 0.0) -> tuple[Pool | None, Callable[..., Any]]:
+    """The innermost layer of the engine call, bakery's own: a JSON request goes through this module's
+    client (its idle engine connections renewed for `keep_warm` seconds after a request, engine_warm.py;
+    0: never), a multipart one, or any to an engine URL that is not plain HTTP, through the engine session
+    (aiohttp's, the limits guard's). Returns (the pool or None, the call)."""
     address = engine_address(str(getattr(backend, "model_server_url", "")))
-    if address is None:
-        return None
-    pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive, FIRST_CONNECT_GRACE)
-    if keep_warm > 0:
-        from engine import engine_warm
+    pool = None
+    if address is not None:
+        pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive, FIRST_CONNECT_GRACE)
+        if keep_warm > 0:
+            from engine import engine_warm
 
-        pool.keeper = engine_warm.Keeper(pool, keep_warm)
+            pool.keeper = engine_warm.Keeper(pool, keep_warm)
     # The SDK's own per-request line, on its backend module's logger: BAKERY_LOG_REQUESTS keeps or
-    # drops it with the SDK's other request lines (core.quiet_requests), as when the SDK posted.
+    # drops it with the SDK's other request lines (app/output.quiet_requests).
     log = sdk_seam.backend_logger()
 
-    def fast(inner: Any) -> Any:
-        async def call_backend(*args: Any, **kwargs: Any) -> Any:
-            handler = kwargs.get("handler", args[0] if args else None)
-            payload = kwargs.get("payload", args[1] if len(args) > 1 else None)
-            if (handler is not None and payload is not None and getattr(handler, "remote_function", None) is None
-                    and payload.generate_payload_multipart() is None):
-                body = payload.generate_payload_json()
-                if not getattr(log.debug, "drops_request_lines", False):  # else formatted only to be dropped
-                    log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
-                              f"{list(body) if isinstance(body, dict) else type(body).__name__}")
-                return await pool.post(handler.endpoint, body)
-            return await inner(*args, **kwargs)
+    async def call_engine(handler: Any, payload: Any) -> Any:
+        quiet = getattr(log.debug, "drops_request_lines", False)  # else formatted only to be dropped
+        fields = payload.generate_payload_multipart()
+        if fields is not None:
+            if not quiet:
+                log.debug(f"posting multipart to endpoint: '{handler.endpoint}', fields: {list(fields)}")
+            return await sdk_seam.engine_session(backend).post(url=handler.endpoint, data=form_data(fields))
+        body = payload.generate_payload_json()
+        if not quiet:
+            log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
+                      f"{list(body) if isinstance(body, dict) else type(body).__name__}")
+        if pool is not None:
+            return await pool.post(handler.endpoint, body)
+        return await sdk_seam.engine_session(backend).post(url=handler.endpoint, json=body)
 
-        return request_path.layer("forward", call_backend, inner)
-
-    sdk_seam.wrap(backend, "call_backend", "forward.py", fast)
-    return pool
+    return pool, request_path.layer("forward", call_engine, None)

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from config import table
-from control import sdk_seam
 
 PROCESSES_VAR = "BAKERY_FRONT_PROCESSES"
 STATE_EVERY = 0.05  # seconds between the primary's state messages (sent only when the state changed)
@@ -186,17 +185,16 @@ class Fleet:
     """The primary's side: starts the front processes, gives them connections, applies what they
     send (see the module's docstring)."""
 
-    def __init__(self, processes: int, defaults: Any, backend: Any, drain: Any, knows: Callable[[str, str], bool],
-                 loaded: Callable[[], bool], wait_time: Callable[[], float],
-                 slots: Slots, released: Callable[[], None], argv_python: str = sys.executable) -> None:
+    def __init__(self, processes: int, defaults: Any, platform: Any, outcomes: Any, drain: Any,
+                 knows: Callable[[str, str], bool], slots: Slots, released: Callable[[], None],
+                 argv_python: str = sys.executable) -> None:
         self.processes = processes
         self.released = released  # a connection given to a front process is closed (the cap's count)
         self.defaults = defaults
-        self.backend = backend
+        self.platform = platform  # signature.Trust: UNSECURED, for the front processes
+        self.outcomes = outcomes  # sdk_seam.Outcomes: where the front processes' outcomes are reported
         self.drain = drain
         self.knows = knows
-        self.loaded = loaded
-        self.wait_time = wait_time
         self.slots = slots
         self.python = argv_python
         self.members: list[Member] = []
@@ -204,11 +202,6 @@ class Fleet:
         self.next_id = 0
         self.state: Any = None
         self.take_back: Callable[[socket.socket, bytes], None] | None = None  # wire: a connection given back
-        metrics = sdk_seam.find(backend, "metrics", "front/processes.py")
-        _, self.request_metrics = sdk_seam.module_hook("request_metrics", "front/processes.py")
-        self.metrics = metrics
-        self.outcomes = {key: sdk_seam.get(metrics, key) for key in (
-            "request_start", "request_success", "request_errored", "request_canceled", "request_end")}
         self._timer: asyncio.TimerHandle | None = None
         self.restarted = 0  # front processes started in place of one that ended
         self.unseen: set[int] = set()  # indexes of front processes yet to say they saw the drain
@@ -332,13 +325,11 @@ class Fleet:
         kind = event[0]
         if kind == "s":
             _, rid, idx, reqnum, workload, entered, started = event
-            metrics = self.request_metrics(request_idx=idx, reqnum=reqnum, workload=workload, status="Created",
-                                           entered_queue_at=entered)
+            metrics = self.outcomes.new(idx, reqnum, workload, entered)
             metrics.work_started_at = started
-            sdk_seam.note_accepted_reqnum(self.backend, reqnum)
             member.started[rid] = metrics
             member.served += 1
-            self.outcomes["request_start"](metrics)
+            self.outcomes.start(metrics)
         elif kind == "e":
             _, rid, how, text = event
             metrics = member.started.pop(rid, None)
@@ -353,20 +344,18 @@ class Fleet:
             self.drain.leave(None)
         elif kind == "r":
             _, idx, reqnum, workload, entered = event
-            sdk_seam.note_accepted_reqnum(self.backend, reqnum)
-            sdk_seam.get(self.metrics, "request_reject")(self.request_metrics(
-                request_idx=idx, reqnum=reqnum, workload=workload, status="Created", entered_queue_at=entered))
+            self.outcomes.reject(self.outcomes.new(idx, reqnum, workload, entered))
         elif kind == "x":
             self._closed(member, event[1])
 
     def _end(self, metrics: Any, how: str, text: str) -> None:
         if how == "success":
-            self.outcomes["request_success"](metrics)
+            self.outcomes.success(metrics)
         elif how == "canceled":
-            self.outcomes["request_canceled"](metrics)
+            self.outcomes.canceled(metrics)
         else:
-            self.outcomes["request_errored"](metrics, text)
-        self.outcomes["request_end"](metrics)
+            self.outcomes.errored(metrics, text)
+        self.outcomes.end(metrics)
 
     def _closed(self, member: Member, conn_id: int) -> None:
         if conn_id in member.given:
@@ -427,8 +416,8 @@ class Fleet:
 
     def current(self) -> tuple[Any, ...]:
         pairs = getattr(self.knows, "pairs", None)
-        return (tuple(pairs()) if pairs is not None else (), bool(self.backend.unsecured), bool(self.loaded()),
-                bool(self.drain.draining), round(float(self.wait_time()), 0), self.slots.generation)
+        return (tuple(pairs()) if pairs is not None else (), self.platform.unsecured, self.outcomes.loaded(),
+                bool(self.drain.draining), round(self.outcomes.wait_time(), 0), self.slots.generation)
 
     def key_changed(self) -> None:
         """The platform's key changed (key_rotation): no front process serves a pair of the old one

@@ -18,7 +18,6 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
 
-from control import sdk_seam
 from engine import forward, native_relay
 from policy import rules
 
@@ -492,7 +491,7 @@ def _peer(transport: asyncio.Transport | None) -> str | None:
 
 
 def install(ctx: Any, handlers: dict[str, Any], serve: Callable[..., Any], knows: Callable[[str, str], bool],
-            backend: Any, header_timeout: float, loaded: Callable[[], bool]) -> Front | None:
+            header_timeout: float, loaded: Callable[[], bool]) -> Front | None:
     """Put the front on WORKER_PORT's connections (through admission's factory); None when the limits
     guard (admission) or the drain is not installed: then every request stays aiohttp's."""
     if ctx.admission is None or ctx.drain is None:
@@ -507,13 +506,12 @@ def install(ctx: Any, handlers: dict[str, Any], serve: Callable[..., Any], knows
     from policy import guards, signature_memo
 
     # A pair the memo does not know is checked here only while it knows none (signature_memo.first_pairs).
-    try:
-        known = signature_memo.first_pairs(backend, knows, guards.signature_check(backend, "wire"))
-    except sdk_seam.GuardError:  # no SDK AuthData to check with: only known pairs, as before
-        known = lambda auth: knows(auth["url"], auth["signature"])  # noqa: E731
+    known = signature_memo.first_pairs(ctx.platform.pubkey, knows, guards.signature_check(ctx, "wire"))
+
+    unsecured = ctx.platform.unsecured
 
     def signed(auth: dict[str, Any]) -> bool:
-        return bool(backend.unsecured) or known(auth)
+        return unsecured or known(auth)
 
     owner = Front(routes=handlers, serve=serve, loaded=loaded, drain=ctx.drain, signed=signed, budget=budget,
                   connections=connections, header_timeout=header_timeout,

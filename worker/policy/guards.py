@@ -147,6 +147,11 @@ class Context:
     routes: tuple[str, ...]
     http_port: int
     report_addr: str
+    platform: Any  # signature.Trust: the platform's key and UNSECURED
+    outcomes: Any  # sdk_seam.Outcomes (a front process's own): where a request's outcome is reported
+    # The request path's two chains, bakery's own (config/request_path.py): each guard wraps its layer on.
+    check_signature: Callable[[Any], bool]
+    call_engine: Callable[..., Awaitable[Any]]
     middlewares: list[tuple[int, Any]] = field(default_factory=list)
     app_kwargs: dict[str, Any] = field(default_factory=dict)
     runner_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -177,39 +182,35 @@ def _hook(obj: Any, key: str, guard: str) -> Any:
     return sdk_seam.find(obj, key, f"guard {guard}")
 
 
-def now_and_then(count: int) -> bool:
-    """Whether the `count`-th refusal of a kind is logged: the 1st, 10th, 100th ... (a flood is not)."""
-    return count in (1, 10, 100, 1000, 10000) or count % 100000 == 0
+now_and_then = rules.now_and_then
 
 
 def _install_own_url(ctx: Context, web: Any) -> None:
-    backend = ctx.backend
-    own = _hook(_hook(backend, "metrics", "own_url"), "own_url", "own_url")
-    original = _hook(backend, "check_signature", "own_url")
-    _hook(backend, "pubkey", "own_url")
+    own = _hook(_hook(ctx.backend, "metrics", "own_url"), "own_url", "own_url")
+    original, platform = ctx.check_signature, ctx.platform
     refused, misshapen = [0], [0]
     sized: list[Any] = [None, 0]  # (key, its size in bytes): pycryptodome recomputes it from the modulus
 
     def check_signature(auth_data: Any) -> bool:
-        if not backend.unsecured and auth_data.url != own:
+        if not platform.unsecured and auth_data.url != own:
             refused[0] += 1
             if now_and_then(refused[0]):
                 log.warning("refused %d request(s) signed for another worker's URL (last: %r; this worker "
                             "is %r)", refused[0], redact_query(str(auth_data.url))[:200], own)
             return False
-        key = sdk_seam.get(backend, "pubkey")
-        if not backend.unsecured and key is not None:
+        key = platform.pubkey()
+        if not platform.unsecured and key is not None:
             if sized[0] is not key:
                 sized[:] = [key, key.size_in_bytes()]
             problem = rules.signature_error(str(auth_data.signature), sized[1])
-            if problem:  # refused here, so the SDK never logs it raw (`Signature error ... sig:`)
+            if problem:  # refused before any RSA step
                 misshapen[0] += 1
                 if now_and_then(misshapen[0]):
                     log.warning("refused %d request(s) whose signature is not one (last: %s)", misshapen[0], problem)
                 return False
         return original(auth_data)
 
-    sdk_seam.put(backend, "check_signature", request_path.layer("own_url", check_signature, original))
+    ctx.check_signature = request_path.layer("own_url", check_signature, original)
 
 
 def auth_data_maker(auth_cls: Any) -> Callable[[dict[str, Any]], Any]:
@@ -226,17 +227,17 @@ def auth_data_maker(auth_cls: Any) -> Callable[[dict[str, Any]], Any]:
     return make
 
 
-def signature_check(backend: Any, who: str) -> Callable[[dict[str, Any]], bool]:
-    """The signature check as a request meets it (every guard's layer), on an envelope's auth object."""
+def signature_check(ctx: Context, who: str) -> Callable[[dict[str, Any]], bool]:
+    """The signature check as a request meets it (every guard's layer, looked up at each call), on an
+    envelope's auth object."""
     make = auth_data_maker(sdk_seam.module_hook("auth_data", f"guard {who}")[1])
-    return lambda auth: sdk_seam.check_signature(backend, make(auth))
+    return lambda auth: ctx.check_signature(make(auth))
 
 
 def _install_sessions(ctx: Context, web: Any) -> None:
     from policy import signed_first  # msgspec: the worker venv's
-    _hook(ctx.backend, "check_signature", "sessions")  # called per request (own_url may wrap it)
-    backend, limits = ctx.backend, ctx.limits
-    verify = signature_check(backend, "sessions")
+    limits = ctx.limits
+    verify = signature_check(ctx, "sessions")
     ctx.middlewares.append(request_path.middleware("sessions", signed_first.sessions_middleware(
         web, limits.sessions, limits.session_max_lifetime, report_hosts(ctx.report_addr), verify)))
 
@@ -250,7 +251,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
 
     backend, limits, routes = ctx.backend, ctx.limits, ctx.routes
     sdk_seam.require_session_property(backend, "guard limits")
-    call_backend = _hook(backend, "call_backend", "limits")
+    call_engine = ctx.call_engine
     ctx.app_kwargs["client_max_size"] = limits.max_body_bytes
     # aiohttp closes a connection whose handler waits for a request longer than this: at the start
     # of a connection (headers not complete) and between requests.
@@ -269,7 +270,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
 
     async def call_with_timeouts(*args: Any, **kwargs: Any) -> Any:
         try:
-            response = await call_backend(*args, **kwargs)
+            response = await call_engine(*args, **kwargs)
             # A non-streamed answer is read here, so that an engine going silent mid-answer is
             # seen as a timeout of this call (the SDK would read it later and answer 500).
             if getattr(response, "content_type", None) == "application/json" and hasattr(response, "read"):
@@ -281,7 +282,7 @@ def _install_limits(ctx: Context, web: Any) -> None:
                 outcome["timeout"] = type(exc).__name__
             raise
 
-    sdk_seam.put(backend, "call_backend", request_path.layer("engine_timeouts", call_with_timeouts, call_backend))
+    ctx.call_engine = request_path.layer("engine_timeouts", call_with_timeouts, call_engine)
     ctx.on_startup.append(engine_session)
     ctx.middlewares.append(request_path.middleware("limits_body", rules.limits_body_middleware(
         web, limits.max_body_bytes, limits.body_timeout)))
@@ -290,31 +291,19 @@ def _install_limits(ctx: Context, web: Any) -> None:
 
 
 def _install_not_ready(ctx: Context, web: Any) -> None:
-    _hook(_hook(ctx.backend, "metrics", "not_ready"), "model_is_loaded", "not_ready")
-    metrics = ctx.backend.metrics
-
-    def is_loaded() -> bool:
-        return metrics.system_metrics.model_is_loaded
-
     ctx.middlewares.append(request_path.middleware("not_ready", rules.not_ready_middleware(
-        web, ctx.routes, is_loaded, ctx.limits.retry_after)))
+        web, ctx.routes, ctx.outcomes.loaded, ctx.limits.retry_after)))
 
 
 def _install_envelope(ctx: Context, web: Any) -> None:
     from policy import signed_first  # msgspec: the worker venv's
 
-    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard envelope")
-    backend = ctx.backend
-    _hook(backend, "check_signature", "envelope")  # as a request meets it (own_url, outcomes may wrap it)
-    metrics = _hook(backend, "metrics", "envelope")
-    _hook(metrics, "request_reject", "envelope")
-    verify = signature_check(backend, "envelope")
+    outcomes = ctx.outcomes
+    verify = signature_check(ctx, "envelope")
 
     def reject(auth: dict[str, Any]) -> None:
         # As the SDK reports its own 401, with no load: nobody signed the payload.
-        sdk_seam.get(metrics, "request_reject")(metrics_cls(
-            request_idx=auth["request_idx"], reqnum=auth["reqnum"], workload=0.0, status="Created",
-            entered_queue_at=time.time()))
+        outcomes.reject(outcomes.new(auth["request_idx"], auth["reqnum"], 0.0))
 
     ctx.middlewares.append(request_path.middleware(
         "envelope", signed_first.envelope_middleware(web, ctx.routes, verify, reject)))
@@ -323,15 +312,14 @@ def _install_envelope(ctx: Context, web: Any) -> None:
 def new_key(ctx: Context, key: Any) -> None:
     """Load the platform's new key, and tell who must know in the same step (front/processes.py: a front process
     serves no pair of the old key from here on)."""
-    sdk_seam.put(ctx.backend, "pubkey", key)
+    ctx.platform.set_pubkey(key)
     for changed in ctx.key_changed:
         changed()
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
-    backend, limits = ctx.backend, ctx.limits
+    backend, limits, platform = ctx.backend, ctx.limits, ctx.platform
     _hook(backend, "fetch_pubkey", "pubkey_retry")
-    _hook(backend, "pubkey", "pubkey_retry")
     fetched = _hook(backend, "pubkey_fetched", "pubkey_retry")
     metrics = _hook(backend, "metrics", "pubkey_retry")
     report_loaded = _hook(metrics, "model_loaded", "pubkey_retry")
@@ -341,10 +329,10 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     rotation = key_rotation.Rotation(
         url, limits.pubkey_refresh, limits.pubkey_refetch_min,
         lambda: key_rotation.fetch_key(url, limits.pubkey_fetch_timeout),
-        lambda: sdk_seam.get(backend, "pubkey"), lambda key: new_key(ctx, key))
+        platform.pubkey, lambda key: new_key(ctx, key))
 
     def model_loaded(max_throughput: float) -> None:
-        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
+        if platform.pubkey() is None and not platform.unsecured:
             if not waiting:
                 log.warning("the model is ready; it is reported loaded once the public key from %s loads", url)
             waiting.append(max_throughput)
@@ -355,7 +343,7 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
         # Set at once: the SDK's readiness waits 60 s for it and then errors the worker for good.
         # Readiness is held back in model_loaded() instead, until the key is here.
         fetched.set()
-        if backend.unsecured:
+        if platform.unsecured:
             return
         started, tries = time.monotonic(), 0
         for delay in backoff(limits.pubkey_backoff_max):
@@ -371,7 +359,7 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
                                 redact_query(str(exc)) or type(exc).__name__, limits.pubkey_backoff_max)
                 await asyncio.sleep(delay)
                 continue
-            sdk_seam.put(backend, "pubkey", key)
+            platform.set_pubkey(key)
             log.warning("public key loaded from %s (try %d, after %.1f s)", url, tries, time.monotonic() - started)
             if waiting:
                 report_loaded(max_throughput=waiting[-1])
@@ -379,13 +367,12 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
             return
 
     def keyed() -> bool:  # failures count only while signatures are checked against a key
-        return not backend.unsecured and sdk_seam.get(backend, "pubkey") is not None
+        return not platform.unsecured and platform.pubkey() is not None
 
     sdk_seam.put(metrics, "model_loaded", model_loaded)
     sdk_seam.put(backend, "fetch_pubkey", fetch_until_loaded)
     # Over own_url's layer: its refusals (a signature of another key size is misshapen for this one) count.
-    sdk_seam.put(backend, "check_signature", key_rotation.counting(
-        _hook(backend, "check_signature", "pubkey_retry"), rotation, keyed))
+    ctx.check_signature = key_rotation.counting(ctx.check_signature, rotation, keyed)
 
 
 def _install_log_hygiene(ctx: Context, web: Any) -> None:
@@ -418,14 +405,11 @@ _SIGNATURE: contextvars.ContextVar[dict[str, bool] | None] = contextvars.Context
 def _install_outcomes(ctx: Context, web: Any) -> None:
     from policy import signed_first  # msgspec: the worker venv's
 
-    _, metrics_cls = sdk_seam.module_hook("request_metrics", "guard outcomes")
-    backend = ctx.backend
-    metrics = _hook(backend, "metrics", "outcomes")
-    reject = _hook(metrics, "request_reject", "outcomes")
-    check = _hook(backend, "check_signature", "outcomes")  # own_url's, when it is installed first
-    _hook(backend, "pubkey", "outcomes")
+    told, platform = ctx.outcomes, ctx.platform
+    reject = told.reject
+    check = ctx.check_signature  # own_url's, when it is installed first
     routes, handlers = ctx.routes, ctx.handlers
-    verify = signature_check(backend, "outcomes")
+    verify = signature_check(ctx, "outcomes")
 
     def check_signature(auth_data: Any) -> bool:
         valid = check(auth_data)
@@ -437,7 +421,7 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
     def request_reject(request_metrics: Any) -> None:
         seen = _SIGNATURE.get()
         if seen is not None and seen.get("forged"):
-            request_metrics.workload = 0.0  # the SDK computed it from an unsigned payload
+            request_metrics.workload = 0.0  # computed from an unsigned payload
         reject(request_metrics)
 
     def workload_of(route: str, data: dict[str, Any]) -> float:
@@ -451,7 +435,7 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
 
     async def signed_envelope(request: Any) -> dict[str, Any] | None:
         """The request's envelope when it is signed for this worker, else None (nothing to trust)."""
-        if sdk_seam.get(backend, "pubkey") is None and not backend.unsecured:
+        if platform.pubkey() is None and not platform.unsecured:
             return None  # no key yet: no signature can be checked
         try:
             body = await rules.within(request.read(), REFUSAL_READ_SECONDS)
@@ -478,15 +462,13 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
                 data = await signed_envelope(request)
                 if data is not None:
                     auth = data["auth_data"]
-                    reject(metrics_cls(request_idx=auth["request_idx"], reqnum=auth["reqnum"],
-                                       workload=workload_of(request.path, data), status="Created",
-                                       entered_queue_at=time.time()))
+                    reject(told.new(auth["request_idx"], auth["reqnum"], workload_of(request.path, data)))
             return response
         finally:
             _SIGNATURE.reset(token)
 
-    sdk_seam.put(backend, "check_signature", request_path.layer("outcomes_mark", check_signature, check))
-    sdk_seam.put(metrics, "request_reject", request_reject)
+    ctx.check_signature = request_path.layer("outcomes_mark", check_signature, check)
+    told.reject = request_reject
     ctx.middlewares.append(request_path.middleware("outcomes", outcomes))
 
 
@@ -508,10 +490,15 @@ WebShim = sdk_seam.WebShim  # applies what the guards collected in their Context
 
 
 def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: int, report_addr: str,
-            active: tuple[str, ...] | None = None, handlers: Mapping[str, Any] | None = None) -> Context:
+            platform: Any, check_signature: Callable[[Any], bool],
+            call_engine: Callable[..., Awaitable[Any]], outcomes: Any = None, active: tuple[str, ...] | None = None,
+            handlers: Mapping[str, Any] | None = None) -> Context:
     """Install the guards named in `active` (default ACTIVE) around the SDK Worker `worker`.
 
-    Call after the Worker is made (it owns the Backend) and before worker.run(). `handlers` maps each
+    Call after the Worker is made (it owns the Backend) and before worker.run(). `platform` holds the
+    platform's key and UNSECURED (signature.Trust); `check_signature` and
+    `call_engine` are the innermost layers of the request path's two chains (ctx holds them wrapped);
+    `outcomes` is where outcomes are reported (default: the SDK's Metrics). `handlers` maps each
     served route to the SDK's EndpointHandler for it (the outcomes guard counts a refused request's
     workload with it; without it a refusal counts no load). Raises GuardError for an unknown name or a
     missing SDK hook.
@@ -525,8 +512,10 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     if backend is None:
         raise GuardError("install: the SDK's Worker has no backend any more (vastai changed): update "
                          f"{sdk_seam.SEAM_FILE}")
-    ctx = Context(backend=backend, limits=limits, routes=tuple(routes),
-                  http_port=http_port, report_addr=report_addr, handlers=dict(handlers or {}))
+    ctx = Context(backend=backend, limits=limits, routes=tuple(routes), http_port=http_port,
+                  report_addr=report_addr, platform=platform,
+                  outcomes=sdk_seam.Outcomes(backend, "install") if outcomes is None else outcomes,
+                  check_signature=check_signature, call_engine=call_engine, handlers=dict(handlers or {}))
     for name in names:
         INSTALLERS[name](ctx, real_web)
     sdk_seam.install_web(real_web, ctx)

@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 from config import request_path, table, uploads
 from config.uploads import UploadError, UploadLimits
-from control import sdk_seam
 
 ALLOW_VAR = "BAKERY_ALLOW_PRIVATE_REFERENCES"
 TIMEOUT_VAR = "BAKERY_REFERENCE_RESOLVE_TIMEOUT"
@@ -475,9 +474,9 @@ async def refusal(payload: Any, policy: Policy, pool: concurrent.futures.Executo
 
 
 def install(ctx: Any, policy: Policy) -> concurrent.futures.ThreadPoolExecutor:
-    """Check every engine call of `ctx.backend` (the guards' Context) against `policy`: wraps the
-    sdk_seam hook "call_backend" outermost (install after the others), which the SDK reaches only
-    for a request whose signature it verified. Returns the resolver pool."""
+    """Check every engine call (ctx.call_engine, the guards' Context) against `policy`: the outermost
+    layer (install after the others), reached only by a request whose signature was verified. Returns
+    the resolver pool."""
     from policy.guards import now_and_then  # the guards' rule for refusal warnings
 
     pool = concurrent.futures.ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="bakery-resolve")
@@ -486,20 +485,19 @@ def install(ctx: Any, policy: Policy) -> concurrent.futures.ThreadPoolExecutor:
     async def resolve(host: str) -> list[str]:
         return await resolve_with(pool, host)
 
-    def guard(inner: Any) -> Any:
-        async def call_backend(*args: Any, **kwargs: Any) -> Any:
-            payload = kwargs.get("payload", args[1] if len(args) > 1 else None)
-            if payload is not None:
-                answer = await refusal(payload, policy, pool, resolve)
-                if answer is not None:
-                    refused[0] += 1
-                    if now_and_then(refused[0]):  # escaped and cut: the path holds the caller's keys
-                        log.warning("refused %d request(s) with a reference the engine must not fetch (last: %s)",
-                                    refused[0], ascii(answer.text)[:300])
-                    return answer
-            return await inner(*args, **kwargs)
+    inner = ctx.call_engine
 
-        return request_path.layer("references", call_backend, inner)
+    async def call_engine(*args: Any, **kwargs: Any) -> Any:
+        payload = kwargs.get("payload", args[1] if len(args) > 1 else None)
+        if payload is not None:
+            answer = await refusal(payload, policy, pool, resolve)
+            if answer is not None:
+                refused[0] += 1
+                if now_and_then(refused[0]):  # escaped and cut: the path holds the caller's keys
+                    log.warning("refused %d request(s) with a reference the engine must not fetch (last: %s)",
+                                refused[0], ascii(answer.text)[:300])
+                return answer
+        return await inner(*args, **kwargs)
 
-    sdk_seam.wrap(ctx.backend, "call_backend", "references.py", guard)
+    ctx.call_engine = request_path.layer("references", call_engine, inner)
     return pool

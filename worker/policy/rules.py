@@ -22,6 +22,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+
+def now_and_then(count: int) -> bool:
+    """Whether the `count`-th refusal of a kind is logged: the 1st, 10th, 100th ... (a flood is not)."""
+    return count in (1, 10, 100, 1000, 10000) or count % 100000 == 0
+
 # The SDK's AuthData fields, and the JSON types the worker accepts for each (what the SDK can use
 # without crashing: it max()es reqnum, hashes request_idx, b64decodes signature, json.dumps url).
 # `()` is any value: the SDK does not use cost or endpoint of a plain request, so they are not judged.
