@@ -348,9 +348,44 @@ async def pooling() -> dict[str, Any]:
     return report
 
 
+FORMS = {
+    "file_and_fields": {"file": ("a.wav", b"RIFF\0\1", "audio/wav"), "model": "m", "temperature": 0.5,
+                        "stream": True, "language": None},
+    "lists_and_json": {"timestamp_granularities[]": ["word", "segment"], "meta": {"a": [1, 2]}, "ids": [[1], 2],
+                       "files": [("x.png", b"\x89PNG", "image/png"), ("y.png", b"\x89PN", "image/png"), None]},
+    "false_and_number": {"flag": False, "n": 3, "zero": 0},
+    "empty": {},
+}
+
+
+def form_parts(form: Any) -> Any:
+    """What an aiohttp FormData sends, part by part (name, filename, content type, value)."""
+    return [[dict(options), {k: v for k, v in headers.items()}, value if isinstance(value, str) else repr(value)]
+            for options, headers, value in form._fields] + [form._is_multipart]
+
+
+def forms() -> dict[str, Any]:
+    """forward.form_data against the SDK's own multipart builder, on the same fields."""
+    from vastai.serverless.server.lib.backend import Backend
+
+    sdk_build = Backend._Backend__build_form_data
+    out: dict[str, Any] = {name: [form_parts(forward.form_data(fields)), form_parts(sdk_build(fields))]
+                           for name, fields in FORMS.items()}
+    refusals = []
+    for build in (forward.form_data, sdk_build):
+        try:
+            build({"raw": b"bytes"})
+            refusals.append(None)
+        except TypeError:
+            refusals.append("TypeError")
+    out["bare_bytes"] = refusals
+    return out
+
+
 def main() -> int:
     loop = asyncio.new_event_loop()
     report = {"decoding": decoding(loop), "relaying": relaying(loop), "pooling": loop.run_until_complete(pooling()),
+              "forms": forms(),
               "engine_address": {url: forward.engine_address(url) for url in (
                   "http://127.0.0.1:18000", "http://localhost", "https://127.0.0.1:1", "http://h:1/prefix")}}
     return finish(loop, report)

@@ -114,3 +114,13 @@ def test_only_plain_http_engine_urls_use_this_client(report: dict[str, Any]) -> 
     assert report["engine_address"] == {"http://127.0.0.1:18000": ["127.0.0.1", 18000],
                                         "http://localhost": ["localhost", 80],
                                         "https://127.0.0.1:1": None, "http://h:1/prefix": None}
+
+
+def test_a_multipart_body_is_built_as_the_sdk_built_it(report: dict[str, Any]) -> None:
+    """forward.form_data, bakery's multipart body for an upload, against the SDK's own builder: the same
+    parts (name, filename, content type, value) in the same order, the same refusal of bare bytes."""
+    forms = report["forms"]
+    assert forms.pop("bare_bytes") == ["TypeError", "TypeError"]
+    for name, (ours, sdk) in forms.items():
+        assert ours == sdk, name
+    assert len(forms["file_and_fields"][0]) == 5  # four parts (None left out), and the multipart flag

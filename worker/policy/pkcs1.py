@@ -1,8 +1,8 @@
 """RSASSA-PKCS1-v1_5 with SHA-256 (RFC 8017 8.2.2): a forged signature refused at a tenth of the SDK's cost.
 
-`Verifier.verify` works on pycryptodome's GMP integers from bytes, with no conversion through Python ints. It
-only ever refuses: what it finds valid still goes to the SDK's check, so a mistake here could refuse a good
-signature, never accept a bad one. tests/worker/test_pkcs1.py holds it to pycryptodome. See docs/security.md.
+`Verifier.verify` works on pycryptodome's GMP integers from bytes, with no conversion through Python ints. It is
+the verification of record (policy/signature.py): tests/worker/test_pkcs1.py holds it to pycryptodome, and
+test_signature_memo.py the whole check to the SDK's own. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ def auth_error(auth: dict[str, Any], where: str) -> str | None:
 
 def signature_error(signature: str, key_bytes: int) -> str | None:
     """Why `signature` cannot be an RSA signature by a key of `key_bytes` bytes, or None: it must be
-    canonical base64 of exactly that many bytes. Checked before the SDK's own check, which logs
-    every failed signature as it came (`Signature error ... sig:...`), newlines and all."""
+    canonical base64 of exactly that many bytes. Checked before any RSA step: a misshapen one is refused
+    without its text reaching the log."""
     if len(signature) != 4 * ((key_bytes + 2) // 3):
         return "auth_data.signature is not a signature of this worker's key size"
     try:

@@ -289,7 +289,7 @@ async def parse_problem(envelope: Envelope, declared_utf8: bool) -> str | None:
 def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dict[str, Any]], bool],
                         reject: Callable[[dict[str, Any]], None]) -> Any:
     """The envelope guard: 422 JSON for an envelope the SDK cannot serve, 401 JSON (reported with
-    `reject`) for one `verify` (the SDK's signature check) refuses, both before anything parses the
+    `reject`) for one `verify` (the signature check) refuses, both before anything parses the
     payload; a JSON body for the SDK's body-less refusals."""
     @web.middleware
     async def envelope(request: Any, handler: Any) -> Any:
@@ -326,7 +326,7 @@ def envelope_middleware(web: Any, routes: tuple[str, ...], verify: Callable[[dic
 def sessions_middleware(web: Any, enabled: bool, max_lifetime: float, hosts: set[str],
                         verify: Callable[[dict[str, Any]], bool]) -> Any:
     """/session/*: 404 unless `enabled`; else the call's auth object is read and its signature
-    checked (`verify`, the SDK's check through the seam) before the body is parsed: 422 for an auth
+    checked (`verify`, the signature check) before the body is parsed: 422 for an auth
     object the check cannot use, 401 for one it refuses; then 422 for a call rules.session_error
     refuses (lifetime, callback host, cost, session id)."""
     @web.middleware
