@@ -53,12 +53,12 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("check_signature", "Backend", "_Backend__check_signature", "replace", ("sessions",),
-         "the SDK's signature check, which only its own handler calls (a request bound to a session, and "
-         "sessions are the SDK's): replaced by bakery's (policy/signature.py and its layers)"),
-    Hook("call_backend", "Backend", "_Backend__call_backend", "replace", ("benchmark", "sessions"),
-         "the SDK's engine call, which its readiness benchmark and its handler of a session's requests call: "
-         "replaced by bakery's (engine/forward.py and its layers, app/core.py install_parts)"),
+    # The request path's two chains, bakery's (app/core.py install_parts), given to the SDK's own callers:
+    # its handler of a request bound to a session (sessions are the SDK's) and its readiness benchmark.
+    *(Hook(key, "Backend", f"_Backend__{key}", "replace", users, f"the SDK's {what}: replaced by bakery's ({ours})")
+      for key, users, what, ours in (
+          ("check_signature", ("sessions",), "signature check", "policy/signature.py and its layers"),
+          ("call_backend", ("benchmark", "sessions"), "engine call", "engine/forward.py and its layers"))),
     Hook("engine_session", "Backend", "session", "set", ("limits", "late_errors"),
          "a functools.cached_property: the limits guard puts its own session (timeouts, keep-alive) in "
          "the instance's __dict__ before the SDK's first use; late_errors probes the engine's health on it"),
@@ -82,8 +82,6 @@ HOOKS: tuple[Hook, ...] = (
          "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("request_reject", "Metrics", "_request_reject", "call", ("outcomes",),
-         "queues a refused request's outcome (Outcomes.reject)"),
     Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
     Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
@@ -134,11 +132,11 @@ HOOKS: tuple[Hook, ...] = (
     Hook("handle_request", "Backend", "_Backend__handle_request", "call", ("sessions",),
          "the SDK's handling of a route request bound to a session (sessions are the SDK's): bakery's route "
          "handler (control/own_handler.py) hands it such a request, and serves every other itself"),
-    *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("own_handler",),
-           f"a request's outcome as the SDK's handler reports it ({why}): Outcomes calls it at the same "
-           "points") for step, why in (
-        ("start", "in flight, its workload pending"), ("success", "served"), ("errored", "the engine call "
-         "failed: 500"), ("canceled", "the client went away: 499"), ("end", "however it ended"))),
+    # The control plane's record of a request: Outcomes calls each where the SDK's own handler did.
+    *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("outcomes",), f"a request's outcome: {why}")
+      for step, why in (("start", "in flight, its workload pending"), ("success", "served"),
+                        ("errored", "the engine call failed: 500"), ("canceled", "the client went away: 499"),
+                        ("end", "however it ended"), ("reject", "refused: 401, 429, or a guard's refusal"))),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
     *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
         ("site_factory", "web_runner", "BaseRunner.server", "read",
