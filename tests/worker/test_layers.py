@@ -22,7 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "config": (),
     "control": (),
     "logs": ("config", "control"),
-    "engine": ("config", "control"),
+    "engine": ("config",),
     "policy": ("config", "control", "engine", "logs"),
     "front": ("config", "engine", "policy"),
     "app": ("config", "control", "engine", "front", "logs", "policy"),

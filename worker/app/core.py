@@ -67,8 +67,10 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     are reported (default: the SDK's Metrics)."""
     settings, limits = cfg.settings, cfg.limits
     platform = signature.Trust(settings.unsecured)
-    pool, call_engine = forward.install(worker.backend, limits.engine_connect_timeout, limits.engine_idle_timeout,
-                                        guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
+    backend = worker.backend
+    pool, call_engine = forward.install(str(backend.model_server_url), lambda: sdk_seam.engine_session(backend),
+                                        sdk_seam.backend_logger(), limits.engine_connect_timeout,
+                                        limits.engine_idle_timeout, guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
     check = signature_layer(platform, signature.verify(platform))
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers, platform=platform, check_signature=check,

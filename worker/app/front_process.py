@@ -123,6 +123,9 @@ class Outcomes:
     def wait_time(self) -> float:
         return self.state.wait_time
 
+    async def send_queued(self) -> None:
+        self.outbox.flush()
+
     def loaded(self) -> bool:
         return self.state.loaded
 

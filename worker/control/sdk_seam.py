@@ -82,7 +82,7 @@ HOOKS: tuple[Hook, ...] = (
          "set once the worker is errored (never cleared): an errored worker is not 'loaded'"),
     Hook("model_loaded", "Metrics", "_model_loaded", "wrap", ("pubkey_retry",),
          "marks the model loaded: held back until the public key is there"),
-    Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("drain",),
+    Hook("send_outcomes", "Metrics", "_Metrics__send_delete_requests_and_reset", "call", ("outcomes",),
          "sends the queued request outcomes (once a second in the SDK): the drain sends the last ones"),
     Hook("send_report", "Metrics", "_Metrics__send_metrics_and_reset", "wrap", ("report_keep", "report_soon"),
          "sends a status report: the loaded one goes at once, not at the SDK's next 10 s tick "
@@ -229,7 +229,8 @@ def replace_in_module(key: str, who: str, value: Any) -> Any:
 class Outcomes:
     """The control plane's record of the requests, the one interface bakery's request path reports through:
     a record made (`new`), its outcome (start, success, errored, canceled, end, reject: the SDK's Metrics
-    counts them for the status report) and the queue estimate a request is checked against. A front process
+    counts them for the status report), the queue estimate a request is checked against, and
+    `send_queued()` (the drain sends what is queued before the worker exits). A front process
     has its own with the same methods (app/front_process.py)."""
 
     def __init__(self, backend: Any, who: str = "outcomes") -> None:
@@ -238,6 +239,7 @@ class Outcomes:
         self.model_metrics = find(metrics, "model_metrics", who)
         self.start, self.success, self.errored, self.canceled, self.end, self.reject = (
             find(metrics, key, who) for key in OUTCOME_KEYS)
+        self.send_queued = find(metrics, "send_outcomes", who)  # async: the queued outcomes sent now
         self._system = metrics.system_metrics
 
     def new(self, request_idx: Any, reqnum: Any, workload: float, entered: float | None = None) -> Any:

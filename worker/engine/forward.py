@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from config import request_path
-from control import sdk_seam
 from engine import let_go
 
 HEAD_LIMIT = 64 * 1024  # an engine's status line and headers: more is not an HTTP answer we serve
@@ -702,13 +701,15 @@ def form_data(fields: dict[str, Any]) -> Any:
     return form
 
 
-def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive: float,
-            keep_warm: float = 0.0) -> tuple[Pool | None, Callable[..., Any]]:
+def install(engine_url: str, session: Callable[[], Any], log: Any, connect_timeout: float, idle_timeout: float,
+            keepalive: float, keep_warm: float = 0.0) -> tuple[Pool | None, Callable[..., Any]]:
     """The innermost layer of the engine call, bakery's own: a JSON request goes through this module's
     client (its idle engine connections renewed for `keep_warm` seconds after a request, engine_warm.py;
     0: never), a multipart one, or any to an engine URL that is not plain HTTP, through the engine session
-    (aiohttp's, the limits guard's). Returns (the pool or None, the call)."""
-    address = engine_address(str(getattr(backend, "model_server_url", "")))
+    (`session()`, aiohttp's: the limits guard's). `log` is the logger of the SDK's per-request lines, which
+    BAKERY_LOG_REQUESTS keeps or drops with the SDK's other ones (app/output.quiet_requests). Returns (the
+    pool or None, the call)."""
+    address = engine_address(engine_url)
     pool = None
     if address is not None:
         pool = Pool(address[0], address[1], connect_timeout, idle_timeout, keepalive, FIRST_CONNECT_GRACE)
@@ -716,23 +717,19 @@ def install(backend: Any, connect_timeout: float, idle_timeout: float, keepalive
             from engine import engine_warm
 
             pool.keeper = engine_warm.Keeper(pool, keep_warm)
-    # The SDK's own per-request line, on its backend module's logger: BAKERY_LOG_REQUESTS keeps or
-    # drops it with the SDK's other request lines (app/output.quiet_requests).
-    log = sdk_seam.backend_logger()
-
     async def call_engine(handler: Any, payload: Any) -> Any:
         quiet = getattr(log.debug, "drops_request_lines", False)  # else formatted only to be dropped
         fields = payload.generate_payload_multipart()
         if fields is not None:
             if not quiet:
                 log.debug(f"posting multipart to endpoint: '{handler.endpoint}', fields: {list(fields)}")
-            return await sdk_seam.engine_session(backend).post(url=handler.endpoint, data=form_data(fields))
+            return await session().post(url=handler.endpoint, data=form_data(fields))
         body = payload.generate_payload_json()
         if not quiet:
             log.debug(f"posting to endpoint: '{handler.endpoint}', payload keys: "
                       f"{list(body) if isinstance(body, dict) else type(body).__name__}")
         if pool is not None:
             return await pool.post(handler.endpoint, body)
-        return await sdk_seam.engine_session(backend).post(url=handler.endpoint, json=body)
+        return await session().post(url=handler.endpoint, json=body)
 
     return pool, request_path.layer("forward", call_engine, None)

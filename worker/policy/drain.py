@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from config import request_path, table
-from control import sdk_seam
 
 DRAIN_VAR = "BAKERY_DRAIN_TIMEOUT"
 # Docker's default grace is 10 s: 8 s of drain leaves 2 s to stop the engine
@@ -27,8 +26,6 @@ MAX_DRAIN_SECONDS = table.MAX_DRAIN_SECONDS
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FLUSH_POLL = 0.005
 FLUSH_FLOOR = 1.0  # seconds the outcome reports get even when the requests in flight used the whole drain
-# The SDK's send of queued request outcomes (sdk_seam hook "send_outcomes").
-SEND_OUTCOMES = sdk_seam.hook("send_outcomes").attr
 
 log = logging.getLogger("bakery.drain")
 
@@ -198,8 +195,7 @@ def install(ctx: Any, seconds: float, retry_after: int) -> Drain:
     startup); call before worker.run()."""
     from aiohttp import web
 
-    send = sdk_seam.find(sdk_seam.find(ctx.backend, "metrics", "drain.py"), "send_outcomes", "drain.py")
-    drain = Drain(seconds, retry_after, tuple(ctx.routes), send_outcomes=send)
+    drain = Drain(seconds, retry_after, tuple(ctx.routes), send_outcomes=ctx.outcomes.send_queued)
 
     @web.middleware
     async def draining(request: Any, handler: Any) -> Any:
