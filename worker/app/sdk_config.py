@@ -150,9 +150,9 @@ SDK_HANDLER_FACTORY = (sdk_seam.WORKER_MODULE, sdk_seam.hook("handler_factory").
 
 
 def endpoint_handlers(config: Any) -> dict[str, Any] | None:
-    """The SDK's EndpointHandler of each route of `config`, made as the SDK's Worker makes them (the
-    outcomes guard counts a refused request's workload with them); None when a changed SDK has no
-    factory."""
+    """The SDK's EndpointHandler of each route of `config`, made as the SDK's Worker makes them (bakery's
+    route handler parses and answers with them; the outcomes guard counts a refused request's workload
+    with them); None when a changed SDK has no factory (core.run then exits 4)."""
     try:
         factory = getattr(importlib.import_module(SDK_HANDLER_FACTORY[0]), SDK_HANDLER_FACTORY[1])
     except (ImportError, AttributeError):

@@ -110,8 +110,9 @@ HOOKS: tuple[Hook, ...] = (
          "the envelope type the signature check takes"),
     Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
          "a request's record, as the control plane's report counts it (Outcomes.new)"),
-    Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("outcomes",),
-         "the SDK's handlers of each route, to count a refused request's workload", required=False),
+    Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("own_handler", "outcomes"),
+         "the SDK's EndpointHandler of each route (made from bakery's HandlerConfig): bakery's route handler "
+         "parses and answers with it; the outcomes guard counts a refused request's workload with it"),
     Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
          "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
          required=False),
