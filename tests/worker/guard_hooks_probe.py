@@ -59,8 +59,10 @@ def install(worker: Any, limits: Any, active: tuple[str, ...]) -> Any:
     backend = worker.backend
     platform = signature.Trust(bool(backend.unsecured))
 
+    plane = sdk_seam.ControlPlane(backend)
+
     async def call_engine(handler: Any, payload: Any) -> Any:
-        return await sdk_seam.engine_session(backend).post(url=handler.endpoint, json=payload.generate_payload_json())
+        return await plane.engine_session().post(url=handler.endpoint, json=payload.generate_payload_json())
 
     return guards.install(worker, limits, routes=("/v1/completions",), http_port=3001,
                           report_addr=os.environ["REPORT_ADDR"], platform=platform,

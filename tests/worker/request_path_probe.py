@@ -89,7 +89,7 @@ def main() -> int:
 
     from app import core, sdk_config
     from config import request_path
-    from control import sdk_seam
+    from control import queue_wait, sdk_seam
     from policy import guards
     from workers.llama.worker import DEFAULTS
 
@@ -99,6 +99,7 @@ def main() -> int:
     made, _ = sdk_config.build_worker_config(cfg.settings, vastai, ["word"])
     worker = vastai.Worker(made)
     ctx = core.install_parts(worker, cfg, sdk_config.endpoint_handlers(made))
+    assert queue_wait.install(ctx.sdk)  # as core.run() does: the queue estimate is bakery's kept sum
     backend = worker.backend
     app = sdk_seam.WebShim(sdk_seam.real_web("probe"), ctx).Application()
     signature, engine = ctx.check_signature, ctx.call_engine
@@ -106,8 +107,8 @@ def main() -> int:
         "middleware": [getattr(mw, "bakery_stage", getattr(mw, "__name__", "?")) for mw in app.middlewares],
         "signature": list(request_path.chain(signature)), "signature_inner": innermost(signature),
         "engine": list(request_path.chain(engine)), "engine_inner": innermost(engine),
-        "sdk_reaches_bakerys": [sdk_seam.get(backend, "check_signature") is signature,
-                                sdk_seam.get(backend, "call_backend") is engine],
+        "sdk_reaches_bakerys": [sdk_seam._get(backend, "check_signature") is signature,
+                                sdk_seam._get(backend, "call_backend") is engine],
         "request": asyncio.run(traced_request(worker, ctx, sdk_config.endpoint_handlers(made), core.serve_routes)),
     }))
     return 0

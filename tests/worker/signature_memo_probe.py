@@ -70,7 +70,7 @@ def main() -> int:
         return {"valid": valid, "rsa": counted[0] - before}
 
     facts: dict[str, Any] = {"own": own,
-                             "sdk_calls_bakerys": sdk_seam.get(backend, "check_signature") is ctx.check_signature}
+                             "sdk_calls_bakerys": sdk_seam._get(backend, "check_signature") is ctx.check_signature}
     facts["first"] = check(own, sig)
     facts["again"] = [check(own, sig) for _ in range(3)]
     facts["flipped"] = [check(own, flipped) for _ in range(3)]
@@ -112,13 +112,21 @@ def main() -> int:
     facts["bounded_fill"] = [bounded_check(url) for url in urls]
     facts["bounded_last_again"] = bounded_check(urls[-1])
     facts["bounded_first_again"] = bounded_check(urls[0])
-    # guards.auth_data_maker makes what AuthData.from_json_msg makes (and fails as it fails).
-    from policy import guards
+    # own_handler.auth_data makes what AuthData.from_json_msg makes (and fails as it fails); the signature check's
+    # own AuthData (guards.signature_check builds it positionally) has the SDK's fields in the SDK's order.
+    import dataclasses
 
-    make = guards.auth_data_maker(data_types.AuthData)
+    from control import own_handler
+
+    def make(shape: dict[str, Any]) -> Any:
+        return own_handler.auth_data(shape, data_types.JsonDataException)
+
     full = {"cost": "8", "endpoint": "e", "reqnum": 3, "request_idx": 4, "signature": "s", "url": "u"}
     shapes = [full, {**full, "extra": [1]}, dict(reversed(list(full.items()))), {**full, "reqnum": "not checked"}]
-    facts["auth_data_same"] = [make(shape) == data_types.AuthData.from_json_msg(shape) for shape in shapes]
+    facts["auth_data_same"] = [dataclasses.asdict(make(shape)) == dataclasses.asdict(
+        data_types.AuthData.from_json_msg(shape)) for shape in shapes]
+    facts["auth_fields"] = [list(own_handler.AUTH_FIELDS), [f.name for f in dataclasses.fields(data_types.AuthData)],
+                            [f.name for f in dataclasses.fields(own_handler.AuthData)]]
     missing = {k: v for k, v in full.items() if k != "url"}
     errors = []
     for build in (make, data_types.AuthData.from_json_msg):

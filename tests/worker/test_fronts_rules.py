@@ -162,7 +162,7 @@ def test_a_front_process_serves_no_pair_of_a_key_the_primary_replaced() -> None:
 def test_key_rotation_tells_its_listeners_once_the_new_key_is_loaded() -> None:
     platform = signature.Trust(unsecured=False)
     platform.set_pubkey("old")
-    ctx = guards.Context(backend=None, limits=None, routes=(), http_port=0, report_addr="", platform=platform,
+    ctx = guards.Context(sdk=None, limits=None, routes=(), http_port=0, report_addr="", platform=platform,
                          outcomes=None, check_signature=lambda _auth: False, call_engine=None)  # type: ignore[arg-type]
     seen: list[Any] = []
     ctx.key_changed.append(lambda: seen.append(platform.pubkey()))

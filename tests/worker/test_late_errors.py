@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from config.table import parse_lines
+from control import sdk_seam
 from logs import late_errors
 from tests.worker.helpers import (
     GUARD_ENGINE,
@@ -84,7 +85,8 @@ class Fake:
             self.probed += 1
             return self.answers.pop(0) if self.answers else None
 
-        self.policy = late_errors.LateErrors(errored, self.metrics, probe, VLLM_ERRORS,
+        plane = sdk_seam.ControlPlane(SimpleNamespace(metrics=self.metrics))
+        self.policy = late_errors.LateErrors(errored, plane, probe, VLLM_ERRORS,
                                              late_errors.Bounds(probes, 0.001), clock=lambda: self.now)
 
     def line(self, text: str, pattern: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from control import sdk_seam
 from logs import log_tail
 from policy.guards import GuardError
 from tests.worker.helpers import probe_facts
@@ -68,7 +69,7 @@ def test_reads_what_anyio_reads_and_replaces_the_sdks_open_file(worker_python: P
 
 
 def test_a_changed_sdk_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, log_tail.BACKEND_MODULE, types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, sdk_seam.BACKEND_MODULE, types.SimpleNamespace())
     with pytest.raises(GuardError, match=r"log_tail\.py"):
         log_tail.install()
 
@@ -78,6 +79,6 @@ def test_install_replaces_only_the_backends_name(monkeypatch: pytest.MonkeyPatch
         raise AssertionError("not used")
 
     fake = types.SimpleNamespace(open_file=threaded_open)
-    monkeypatch.setitem(sys.modules, log_tail.BACKEND_MODULE, fake)
+    monkeypatch.setitem(sys.modules, sdk_seam.BACKEND_MODULE, fake)
     log_tail.install()
     assert fake.open_file is log_tail.open_local_file

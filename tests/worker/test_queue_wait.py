@@ -126,12 +126,14 @@ REAL_SDK = textwrap.dedent("""
     import vastai  # noqa: F401 (loads the serverless worker, as run() does)
     from vastai.serverless.server.lib.data_types import ModelMetrics, RequestMetrics
     from vastai.serverless.server.lib.metrics import Metrics
-    from control import queue_wait
+    from types import SimpleNamespace
+    from control import queue_wait, sdk_seam
 
     sdk_wait_time = ModelMetrics.wait_time.fget
     metrics = Metrics()
     metrics.model_metrics.max_throughput = 37.5
-    installed = [queue_wait.install(metrics), queue_wait.install(metrics)]
+    plane = sdk_seam.ControlPlane(SimpleNamespace(metrics=metrics))
+    installed = [queue_wait.install(plane), queue_wait.install(plane)]
     kept = type(metrics.model_metrics.requests_working).__name__
     rng = random.Random(5)
     in_flight, worst, steps, over = [], 0.0, 0, []

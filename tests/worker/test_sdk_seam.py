@@ -91,6 +91,31 @@ def test_only_the_seam_names_an_sdk_private() -> None:
     assert offenders == {}
 
 
+def seam_privates(tree: ast.AST) -> list[str]:
+    """Where a module reaches the seam's own privates (`sdk_seam._find`, `from control.sdk_seam import _put`):
+    a hook taken by its key, not through the adapter's named interface."""
+    found = [f"line {node.lineno}: sdk_seam.{node.attr}" for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+             and node.value.id == "sdk_seam" and node.attr.startswith("_")]
+    found += [f"line {node.lineno}: import {alias.name}" for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("sdk_seam")
+              for alias in node.names if alias.name.startswith("_")]
+    return found
+
+
+def test_other_modules_use_the_adapters_names_only() -> None:
+    """No worker module but the seam takes an SDK point by its hook key: each goes through a named method."""
+    offenders = {str(path.relative_to(WORKER_DIR)): uses for path, tree in worker_modules().items()
+                 if path != SEAM and (uses := seam_privates(tree))}
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("source", ["sdk_seam._put(backend, 'x', f)\n",
+                                    "from control.sdk_seam import _find\n"])
+def test_the_adapter_rule_sees_each_form(source: str) -> None:
+    assert seam_privates(ast.parse(source)), source
+
+
 @pytest.mark.parametrize("source", [
     "backend._Backend__call_backend = f\n",
     "x = metrics._model_loaded\n",
@@ -151,7 +176,7 @@ out = {"missing": [h.key for h in sdk_seam.missing(worker, required_only=False)]
 for h in sdk_seam.HOOKS:
     if h.use in ("wrap", "replace", "call") and h.key not in ("web", "engine_session"):
         obj = owners.get(h.owner) or sys.modules[h.owner]
-        value = sdk_seam.find(obj, h.key, "test") if h.owner in owners else \
+        value = sdk_seam._find(obj, h.key, "test") if h.owner in owners else \
             functools.reduce(getattr, h.attr.split("."), obj)
         if not callable(value) and not hasattr(value, "set"):
             out["not_callable"].append(h.key)

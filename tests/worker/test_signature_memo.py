@@ -64,6 +64,8 @@ def test_the_memo_is_bounded_oldest_out(facts: dict[str, Any]) -> None:
 
 def test_the_guards_make_the_sdks_auth_data_as_the_sdk_does(facts: dict[str, Any]) -> None:
     assert facts["auth_data_same"] == [True, True, True, True]
+    ours, sdks, dataclass_fields = facts["auth_fields"]
+    assert ours == sdks == dataclass_fields
     made, sdk = facts["auth_data_missing"]
     assert made == sdk and sdk is not None and sdk[0] == "JsonDataException", facts["auth_data_missing"]
 

@@ -25,11 +25,9 @@ from app.output import (
 )
 from app.ports import PortBusy, claim_ports
 from app.sdk_config import (
-    SDK_AUTH_DATA,
     SDK_HANDLER_FACTORY,
     WORDS_FILE,
     build_worker_config,
-    cache_signature,
     endpoint_handlers,
     import_sdk,
     load_words,
@@ -67,8 +65,8 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     are reported (default: the SDK's Metrics)."""
     settings, limits = cfg.settings, cfg.limits
     platform = signature.Trust(settings.unsecured)
-    backend = worker.backend
-    pool, call_engine = forward.install(str(backend.model_server_url), lambda: sdk_seam.engine_session(backend),
+    plane = sdk_seam.ControlPlane(worker.backend)
+    pool, call_engine = forward.install(plane.engine_url(), plane.engine_session,
                                         sdk_seam.backend_logger(), limits.engine_connect_timeout,
                                         limits.engine_idle_timeout, guards.ENGINE_KEEPALIVE, settings.engine_keep_warm)
     check = signature_layer(platform, signature.verify(platform))
@@ -82,8 +80,7 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     references.install(ctx, cfg.reference_policy)  # last: the outermost wrapper of the engine call
     # The SDK's own callers (its readiness benchmark, its handler of a session's requests) reach bakery's
     # chains; bakery's route handler calls them directly (control/own_handler.py).
-    sdk_seam.put(worker.backend, "check_signature", ctx.check_signature)
-    sdk_seam.put(worker.backend, "call_backend", ctx.call_engine)
+    ctx.sdk.give_chains(ctx.check_signature, ctx.call_engine)
     ctx.pool = pool
     if pool is not None:
         share = processes.ready_share(settings.engine_ready_connections, settings.front_processes)
@@ -99,7 +96,7 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
 def serve_routes(worker: Any, ctx: Any, handlers: dict[str, Any]) -> Any:
     """Make bakery's route handler (control/own_handler.py) the handler of every route of the SDK's
     `worker`; returns its `serve` (the steps after the parse, for the wire front). Call after install_parts."""
-    serve, handle = own_handler.install(ctx, worker.backend)
+    serve, handle = own_handler.install(ctx)
     worker.routes = own_handler.routes(handlers, handle)  # Worker.routes: what its server adds to the app
     return serve
 
@@ -168,12 +165,8 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
     if not words:
         fail(f"the benchmark word list {WORDS_FILE} is empty", EXIT_CONFIG)
     sdk = import_sdk()
-    signature_cached = cache_signature()
-    if not signature_cached:
-        warn(f"{'.'.join(SDK_AUTH_DATA)} not found (a changed SDK): its signature is not cached, "
-              "requests are served as the SDK serves them")
     sdk_config, note = build_worker_config(settings, sdk, words, limits.max_sessions)
-    say(describe(settings, signature_cached))
+    say(describe(settings))
     for line in routes.startup_lines(settings.routes):
         say(line)
     say(f"bakery-worker: {note}")
@@ -199,7 +192,7 @@ def run(defaults: EngineDefaults, env: Mapping[str, str] | None = None) -> None:
         serve = serve_routes(worker, ctx, handlers)
     except guards.GuardError as exc:
         fail(str(exc), EXIT_SDK)
-    if not queue_wait.install(sdk_seam.find(worker.backend, "metrics", "queue_wait")):
+    if not queue_wait.install(ctx.sdk):
         warn(f"{sdk_seam.hook('wait_time').where} or {sdk_seam.hook('requests_working').where} not found (a "
               "changed SDK): the queue estimate is summed on every request, as the SDK does")
     say(guards.describe(guards.ACTIVE, limits))

@@ -216,7 +216,6 @@ def main(argv: list[str]) -> None:
     cfg = dataclasses.replace(cfg, run_dir=None)  # the ready mark is the primary's
     settings, limits = cfg.settings, cfg.limits
     sdk = sdk_config.import_sdk()
-    sdk_config.cache_signature()
     made, _ = sdk_config.build_worker_config(settings, sdk, sdk_config.load_words(), limits.max_sessions)
     worker = sdk.Worker(made)
     handlers = sdk_config.endpoint_handlers(made)
@@ -224,7 +223,7 @@ def main(argv: list[str]) -> None:
     state = State(slots)
     outbox = Outbox(link)
     ctx = core.install_parts(worker, cfg, handlers, signature_layer=state.layer, outcomes=Outcomes(outbox, state))
-    serve, _ = own_handler.install(ctx, worker.backend)
+    serve, _ = own_handler.install(ctx)
     if not settings.log_requests:
         ctx.runner_kwargs["access_log_class"] = output.quiet_access_log_class()
         output.quiet_requests()

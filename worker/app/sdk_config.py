@@ -1,5 +1,5 @@
 """The SDK's WorkerConfig made from the settings (one handler per served route, the benchmark on one,
-readiness), the SDK's own handlers of each route, and its envelope type made cheaper to parse."""
+readiness), and bakery's Route of each (control/own_handler.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from app.output import EXIT_SDK, fail
 from app.worker_config import Settings
 from config import routes, uploads
-from control import sdk_seam
+from control import own_handler, sdk_seam
 from engine import forward
 from policy import guards
 
@@ -22,13 +22,6 @@ MAX_QUEUE_TIME = 600.0
 
 
 WORDS_FILE = Path(__file__).with_name("benchmark_words.txt")
-
-
-# Where the SDK's request envelope type lives; its from_json_msg calls inspect.signature 7x per request.
-SDK_AUTH_DATA = (sdk_seam.DATA_TYPES_MODULE, sdk_seam.hook("auth_signature").attr)
-
-
-SDK_JSON_ERROR = sdk_seam.hook("json_data_exception").attr  # what that from_json_msg raises for missing fields
 
 
 def readiness_kwargs(settings: Settings, config_cls: Any) -> tuple[dict[str, Any], str]:
@@ -149,69 +142,20 @@ def build_worker_config(settings: Settings, sdk: Any, words: list[str],
 SDK_HANDLER_FACTORY = (sdk_seam.WORKER_MODULE, sdk_seam.hook("handler_factory").attr)
 
 
-def endpoint_handlers(config: Any) -> dict[str, Any] | None:
-    """The SDK's EndpointHandler of each route of `config`, made as the SDK's Worker makes them (bakery's
-    route handler parses and answers with them; the outcomes guard counts a refused request's workload
-    with them); None when a changed SDK has no factory (core.run then exits 4)."""
+def endpoint_handlers(config: Any) -> dict[str, own_handler.Route] | None:
+    """bakery's Route of each route of `config`: its parser, workload and answer, bakery's own from the
+    route's HandlerConfig, and the SDK's EndpointHandler, made as the SDK's Worker makes them (its session
+    handler takes it); None when a changed SDK has no factory (core.run then exits 4)."""
     try:
         factory = getattr(importlib.import_module(SDK_HANDLER_FACTORY[0]), SDK_HANDLER_FACTORY[1])
     except (ImportError, AttributeError):
         return None
-    return factory(config).get_all_handlers()
-
-
-class _OwnSignature:
-    """A class's `__signature__`, computed once, for that class only: on a subclass or an instance the
-    attribute is absent, as it was, so inspect.signature() computes a subclass's own signature."""
-
-    def __init__(self, owner: type) -> None:
-        self.owner = owner
-        self.signature = inspect.signature(owner)
-
-    def __get__(self, instance: object, owner: type | None = None) -> inspect.Signature:
-        if instance is None and owner is self.owner:
-            return self.signature
-        raise AttributeError("__signature__")
-
-
-def cache_signature(module_name: str = SDK_AUTH_DATA[0], class_name: str = SDK_AUTH_DATA[1]) -> bool:
-    """Make inspect.signature() of the SDK's AuthData a lookup instead of a computation, and its
-    from_json_msg look it up once instead of seven times.
-
-    vastai 1.9.1's `AuthData.from_json_msg` calls `inspect.signature(cls)` 7 times per request: ~190 us
-    computed, ~22 us even as a lookup (BENCHMARKS.md). `__signature__` is the documented way (PEP 362)
-    for an object to state its signature; the stated one is the one inspect computes. The class's
-    from_json_msg is replaced by one with the same rules, in the same order, that asks for the
-    signature once (~3 us): nothing the SDK sees changes. Returns False, touching nothing, when the
-    class is not found (a changed SDK); without the module's JsonDataException or the class's
-    from_json_msg, only the signature is stated.
-    """
-    module = sys.modules.get(module_name)
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        return False
-    if not isinstance(cls.__dict__.get("__signature__"), _OwnSignature):
-        cls.__signature__ = _OwnSignature(cls)  # type: ignore[attr-defined]
-    refusal = getattr(module, SDK_JSON_ERROR, None)
-    parse = cls.__dict__.get("from_json_msg")
-    if isinstance(refusal, type) and isinstance(parse, classmethod) and not hasattr(parse, "bakery_once"):
-        cls.from_json_msg = _parse_once(refusal, cls)  # type: ignore[attr-defined]
-    return True
-
-
-def _parse_once(refusal: type, owner: type) -> classmethod:
-    """vastai 1.9.1's AuthData.from_json_msg with its signature asked for once: for `owner` at
-    install (a dataclass's fields do not change; even as a lookup, inspect.signature() was ~2 % of a
-    request's CPU), for a subclass at each call."""
-    owner_parameters = inspect.signature(owner).parameters
-
-    def from_json_msg(cls: type, json_msg: Any) -> Any:
-        parameters = owner_parameters if cls is owner else inspect.signature(cls).parameters
-        errors = {name: "missing parameter" for name in parameters if name not in json_msg}
-        if errors:
-            raise refusal(errors)
-        return cls(**{key: value for key, value in json_msg.items() if key in parameters})
-
-    made = classmethod(from_json_msg)
-    made.bakery_once = True  # type: ignore[attr-defined]
+    sdk_handlers = factory(config).get_all_handlers()
+    refusal = sdk_seam.json_data_exception()
+    made = {}
+    for hc in config.handlers:
+        payload = (hc.payload_class.from_json_msg if hc.payload_class is not None else
+                   own_handler.json_payload(hc.route, hc.request_parser, hc.workload_calculator, refusal))
+        made[hc.route] = own_handler.Route(hc.route, sdk_handlers[hc.route], payload, hc.response_generator,
+                                           refusal, hc.max_queue_time)
     return made

@@ -381,15 +381,14 @@ def banner(settings: Settings) -> str:
     return line
 
 
-def describe(settings: Settings, signature_cached: bool = True) -> str:
+def describe(settings: Settings) -> str:
     """One line naming what the worker will watch and call (for the first minutes of an incident)."""
     return (
         f"bakery-worker: log={settings.model_log} server={settings.server_url} "
         f"health={settings.healthcheck_url} model={settings.model_id or '(none)'} "
         f"benchmark={settings.benchmark_runs}x{settings.benchmark_concurrency} "
         f"max_tokens={settings.benchmark_max_tokens} port={settings.worker_port} "
-        f"request_lines={'logged' if settings.log_requests else 'dropped'} "
-        f"envelope_signature={'cached' if signature_cached else 'computed'}"
+        f"request_lines={'logged' if settings.log_requests else 'dropped'}"
     )
 
 

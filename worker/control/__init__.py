@@ -1,2 +1,2 @@
-"""The control plane: the vastai SDK behind one seam (sdk_seam.py), and what the worker tells the
+"""The control plane: the vastai SDK behind one adapter (sdk_seam.py), and what the worker tells the
 autoscaler (status reports, queue estimate, readiness)."""

@@ -2,7 +2,7 @@
 
 vastai 1.9.1's `ModelMetrics.wait_time` sums the workload of every request in flight: O(N^2) per burst. Here
 `requests_working` keeps that sum exactly as entries come and go; a non-finite workload, or a dict this module
-did not make, is summed the SDK's way. Imports only the standard library and sdk_seam.
+did not make, is summed the SDK's way. Standard library only.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
-
-from control import sdk_seam
 
 MIN_THROUGHPUT = 0.00001  # the SDK's floor under the measured throughput (vastai 1.9.1's wait_time)
 SCALE = 1 << 1074  # UNIT = 1 / SCALE = 2**-1074, the smallest float: every finite float is a whole number of them
@@ -129,19 +127,8 @@ def estimate(original: Callable[[Any], float]) -> Callable[[Any], float]:
     return wait_time
 
 
-def install(metrics: Any) -> bool:
-    """Keep the queue estimate of the SDK Metrics `metrics` as requests come and go. False, touching
-    nothing, when either hook is gone (a changed SDK: its own sum is used)."""
-    who = "queue_wait"
-    try:
-        prop = sdk_seam.module_hook("wait_time", who)[1]
-        working = sdk_seam.find(metrics, "requests_working", who)
-    except sdk_seam.GuardError:
-        return False
-    if not isinstance(prop, property) or prop.fget is None or not isinstance(working, dict):
-        return False
-    if not getattr(prop.fget, "bakery_kept", False):
-        sdk_seam.replace_in_module("wait_time", who, property(estimate(prop.fget)))
-    if type(working) is not Working:
-        sdk_seam.put(metrics, "requests_working", Working(working.items()))
-    return True
+def install(plane: Any) -> bool:
+    """Keep the queue estimate of the SDK's Metrics as requests come and go (`plane`, the ControlPlane).
+    False, touching nothing, when either point is gone (a changed SDK: its own sum is used)."""
+    return plane.keep_queue_estimate(lambda current: current if type(current) is Working else Working(current.items()),
+                                     estimate)

@@ -13,11 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from control import sdk_seam
-
 POLL = 1.0  # seconds between looks at the loaded flag: Docker's own interval is 15 s
 MARK = "worker-ready"
-WHO = "ready_mark.py"
 
 log = logging.getLogger("bakery.ready_mark")
 
@@ -40,14 +37,9 @@ def set_mark(path: Path, ready: bool) -> None:
 
 def install(ctx: Any, run_dir: str) -> None:
     """Start, with the server, the task that keeps `<run_dir>/worker-ready` in step with readiness."""
-    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
-    for key in ("model_is_loaded", "error_msg"):
-        sdk_seam.find(metrics, key, WHO)
+    ready = ctx.sdk.ready  # loaded and not errored (the SDK marks an errored worker "loaded" too)
     path = mark_path(run_dir)
     tasks: list[asyncio.Task[None]] = []
-
-    def ready() -> bool:  # the SDK marks an errored worker "loaded" too
-        return bool(metrics.system_metrics.model_is_loaded) and not metrics.model_metrics.error_msg
 
     async def keep() -> None:
         shown: bool | None = None

@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from control import sdk_seam
-
-WHO = "report_keep.py"
 # The counters the SDK's ModelMetrics.reset() sets to 0 after a report went through.
 COUNTERS = ("workload_served", "workload_received", "workload_cancelled", "workload_errored",
             "workload_rejected")
@@ -20,16 +17,14 @@ _SENT: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
 
 
 def install(ctx: Any) -> None:
-    """Wrap the SDK's status-report send and its counters' reset (sdk_seam hooks "send_report",
-    "model_metrics_reset")."""
-    metrics = sdk_seam.find(ctx.backend, "metrics", WHO)
-    model = sdk_seam.find(metrics, "model_metrics", WHO)
-    reset = sdk_seam.find(metrics, "model_metrics_reset", WHO)
+    """Wrap the SDK's status-report send and its counters' reset (ctx.sdk, the ControlPlane)."""
+    plane = ctx.sdk
+    model = plane.counters()
 
     def reset_keeping() -> None:
         sent = _SENT.get()
         now = {name: getattr(model, name) for name in COUNTERS}
-        reset()
+        sdk_reset()
         if sent is None:  # a reset outside a send (none in 1.9.1): as the SDK does
             return
         kept = False
@@ -39,7 +34,7 @@ def install(ctx: Any) -> None:
                 setattr(model, name, left)
                 kept = True
         if kept:  # the SDK clears update_pending just before the reset: ask for the next tick again
-            metrics.update_pending = True
+            plane.ask_report()
 
     def send_keeping(send: Any) -> Any:
         async def send_and_keep(*args: Any, **kwargs: Any) -> Any:
@@ -52,5 +47,5 @@ def install(ctx: Any) -> None:
 
         return send_and_keep
 
-    sdk_seam.put(metrics, "model_metrics_reset", reset_keeping)
-    sdk_seam.wrap(metrics, "send_report", WHO, send_keeping)
+    sdk_reset = plane.replace_counters_reset(reset_keeping)
+    plane.wrap_report(send_keeping)

@@ -1,8 +1,9 @@
-"""The one place the worker touches the vastai SDK's internals: a table of hooks, and how they are used.
+"""The vastai SDK behind one adapter: the table of every SDK point the worker uses (HOOKS), and the named
+interface the other modules use instead (ControlPlane, Outcomes, the web shim, the log tail's open_file).
 
-It is the only worker module that names a private SDK attribute (tests/worker/test_sdk_seam.py checks the
-others' source); they call `find`, `wrap`, `put`, `get` and the helpers here. `missing(worker)` checks every
-HOOKS row at start: core.run() exits 4 rather than run unguarded. See docs/architecture.md.
+The only worker module that names a private SDK attribute or reaches a hook by its key (tests/worker/
+test_sdk_seam.py checks the others' source). `missing(worker)` checks every row at start: core.run() exits 4
+rather than run unguarded. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -106,8 +107,6 @@ HOOKS: tuple[Hook, ...] = (
          "timeout, startup hooks and the second listener's host"),
     Hook("open_file", BACKEND_MODULE, "open_file", "replace", ("log_tail",),
          "anyio's open_file, one thread hand-off per log line: replaced by an in-place read"),
-    Hook("auth_data", DATA_TYPES_MODULE, "AuthData", "call", ("sessions", "outcomes", "envelope"),
-         "the envelope type the signature check takes"),
     Hook("request_metrics", DATA_TYPES_MODULE, "RequestMetrics", "call", ("outcomes",),
          "a request's record, as the control plane's report counts it (Outcomes.new)"),
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("own_handler", "outcomes"),
@@ -116,13 +115,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
          "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
          required=False),
-    Hook("auth_signature", DATA_TYPES_MODULE, "AuthData", "set", ("core",),
-         "its from_json_msg computes inspect.signature 7 times per request: given a __signature__ and a "
-         "from_json_msg with the same rules that asks for it once",
-         required=False),
-    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("core", "own_handler"),
-         "what AuthData.from_json_msg raises for missing fields (the SDK answers it with a 422)",
-         required=False),
+    Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("own_handler", "uploads"),
+         "the refusal a route's parser raises (a 422 naming each bad part): the SDK's parse of a session's "
+         "request and bakery's route handler answer it alike"),
     Hook("requests_working", "Metrics", "model_metrics.requests_working", "set", ("queue_wait",),
          "the requests in flight by reqnum (the SDK's request start sets, its end pops): given at start a "
          "dict of the same items that keeps the sum of their workloads", required=False),
@@ -170,7 +165,7 @@ def _lookup(obj: Any, attr: str) -> Any:
     return obj
 
 
-def find(obj: Any, key: str, who: str) -> Any:
+def _find(obj: Any, key: str, who: str) -> Any:
     """The hook `key` on `obj` (a Backend or its Metrics), or GuardError naming `who` and the hook."""
     hook_ = BY_KEY[key]
     try:
@@ -179,12 +174,12 @@ def find(obj: Any, key: str, who: str) -> Any:
         raise _gone(hook_, who) from None
 
 
-def get(obj: Any, key: str) -> Any:
-    """The hook's current value on `obj`, unchecked (per request: check it once with find())."""
-    return getattr(obj, BY_KEY[key].attr)
+def _get(obj: Any, key: str) -> Any:
+    """The hook's current value on `obj`, unchecked (missing() checked every hook at start)."""
+    return _lookup(obj, BY_KEY[key].attr)
 
 
-def put(obj: Any, key: str, value: Any) -> None:
+def _put(obj: Any, key: str, value: Any) -> None:
     """Set the hook on the instance `obj` (its own attribute: the class is not touched; a dotted
     hook is set on the instance its path leads to)."""
     *path, last = BY_KEY[key].attr.split(".")
@@ -193,16 +188,7 @@ def put(obj: Any, key: str, value: Any) -> None:
     setattr(obj, last, value)
 
 
-def wrap(obj: Any, key: str, who: str, make: Callable[[Any], Any]) -> Any:
-    """Replace the hook on `obj` by `make(current)`; returns what it replaced."""
-    inner = find(obj, key, who)
-    put(obj, key, make(inner))
-    return inner
-
-
-
-
-def module_hook(key: str, who: str) -> tuple[Any, Any]:
+def _module_hook(key: str, who: str) -> tuple[Any, Any]:
     """(the SDK module, the hook's value in it), or GuardError naming `who`."""
     hook_ = BY_KEY[key]
     module = sys.modules.get(hook_.owner)
@@ -214,14 +200,12 @@ def module_hook(key: str, who: str) -> tuple[Any, Any]:
         raise _gone(hook_, who) from None
 
 
-def replace_in_module(key: str, who: str, value: Any) -> Any:
+def _replace_in_module(key: str, who: str, value: Any) -> Any:
     """Set the module hook `key` to `value` (a dotted hook: on the class its path leads to); returns
     what it replaced."""
-    module, old = module_hook(key, who)
-    put(module, key, value)
+    module, old = _module_hook(key, who)
+    _put(module, key, value)
     return old
-
-
 
 
 # --------------------------------------------------------------------------- named uses
@@ -235,12 +219,12 @@ class Outcomes:
     has its own with the same methods (app/front_process.py)."""
 
     def __init__(self, backend: Any, who: str = "outcomes") -> None:
-        metrics = find(backend, "metrics", who)
-        _, self._made = module_hook("request_metrics", who)
-        self.model_metrics = find(metrics, "model_metrics", who)
+        metrics = _find(backend, "metrics", who)
+        _, self._made = _module_hook("request_metrics", who)
+        self.model_metrics = _find(metrics, "model_metrics", who)
         self.start, self.success, self.errored, self.canceled, self.end, self.reject = (
-            find(metrics, key, who) for key in OUTCOME_KEYS)
-        self.send_queued = find(metrics, "send_outcomes", who)  # async: the queued outcomes sent now
+            _find(metrics, key, who) for key in OUTCOME_KEYS)
+        self.send_queued = _find(metrics, "send_outcomes", who)  # async: the queued outcomes sent now
         self._system = metrics.system_metrics
 
     def new(self, request_idx: Any, reqnum: Any, workload: float, entered: float | None = None) -> Any:
@@ -261,11 +245,150 @@ OUTCOME_KEYS = ("request_start", "request_success", "request_errored", "request_
                 "request_reject")
 
 
-def require_session_property(backend: Any, who: str) -> None:
-    """GuardError unless the Backend's `session` is still a cached_property (set_engine_session needs it)."""
-    if not isinstance(type(backend).__dict__.get("session"), functools.cached_property):
-        raise GuardError(f"{who}: the SDK's Backend.session is no longer a cached_property (vastai changed; "
-                         f"checked against vastai {SDK_VERSION}): update the hook 'engine_session' in {SEAM_FILE}")
+class ControlPlane:
+    """The SDK's control plane, by name: the one way bakery's modules reach the SDK's Backend and Metrics
+    (the worker's readiness and errors, status reports, the public key's fetch, the engine session and
+    health URL, the queue estimate, the log tail, sessions). Every hook here was checked at start
+    (`missing`); a method that replaces an SDK point returns what it replaced."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._metrics = backend.metrics
+
+    # readiness and errors
+    def loaded(self) -> bool:
+        """Whether the readiness benchmark ran (the SDK also marks an errored worker loaded)."""
+        return bool(self._metrics.system_metrics.model_is_loaded)
+
+    def error(self) -> str | None:
+        """Why the worker is errored for good, or None."""
+        return self._metrics.model_metrics.error_msg
+
+    def ready(self) -> bool:
+        """Loaded and not errored."""
+        return self.loaded() and not self.error()
+
+    def own_url(self) -> str:
+        """The URL the worker reports to the autoscaler: requests must be signed for it."""
+        return str(self._metrics.url)
+
+    def replace_errored(self, errored: Callable[[str], None]) -> Callable[[str], None]:
+        """Make `errored(msg)` what the SDK calls on each error line (its own marks the worker errored)."""
+        return _swap(self._backend, "backend_errored", errored)
+
+    # status reports
+    async def send_report(self) -> None:
+        """Send a status report now, through whatever wraps the SDK's send."""
+        await _get(self._metrics, "send_report")()
+
+    def last_report(self) -> float:
+        """When a status report last went through."""
+        return float(self._metrics.last_metric_update)
+
+    def ask_report(self) -> None:
+        """Ask the SDK's loop for a status report at its next tick."""
+        self._metrics.update_pending = True
+
+    def counters(self) -> Any:
+        """The counters a status report is built from (the SDK's ModelMetrics)."""
+        return self._metrics.model_metrics
+
+    def wrap_report(self, make: Callable[[Any], Any]) -> None:
+        """Make `make(the current send)` the SDK's status-report send."""
+        _put(self._metrics, "send_report", make(_get(self._metrics, "send_report")))
+
+    def replace_counters_reset(self, reset: Callable[[], None]) -> Callable[[], None]:
+        """Make `reset` what zeroes the counters after a report went through."""
+        return _swap(self._metrics, "model_metrics_reset", reset)
+
+    # the platform's public key (bakery keeps the key; the SDK's readiness waits on its fetch)
+    def replace_key_fetch(self, fetch: Callable[[], Any]) -> None:
+        """Make `fetch` the SDK's key fetch (its task runs it once, at start)."""
+        _swap(self._backend, "fetch_pubkey", fetch)
+
+    def key_fetch_done(self) -> None:
+        """Set the event the SDK's readiness waits 60 s on before erroring the worker."""
+        _get(self._backend, "pubkey_fetched").set()
+
+    def replace_loaded_mark(self, mark: Callable[..., None]) -> Callable[..., None]:
+        """Make `mark(max_throughput=...)` what the readiness benchmark calls when it is done."""
+        return _swap(self._metrics, "model_loaded", mark)
+
+    # the engine
+    def engine_url(self) -> str:
+        """The engine's base URL (MODEL_SERVER_URL, resolved)."""
+        return str(self._backend.model_server_url)
+
+    def health_url(self) -> str:
+        """The engine's health URL (MODEL_HEALTH_ENDPOINT, resolved; empty: none)."""
+        return str(self._backend.healthcheck_url or "")
+
+    def engine_session(self) -> Any:
+        """The engine session (the limits guard's, once the server started)."""
+        return self._backend.session
+
+    def has_engine_session(self) -> bool:
+        return "session" in self._backend.__dict__
+
+    def set_engine_session(self, session: Any) -> None:
+        """Make `session` the one the SDK's cached_property returns (before the SDK's first use)."""
+        self._backend.__dict__["session"] = session
+
+    # the SDK's own callers of the request path, and sessions
+    def give_chains(self, check_signature: Callable[[Any], bool], call_engine: Callable[..., Any]) -> None:
+        """Make bakery's two chains what the SDK's readiness benchmark and session handler call."""
+        _put(self._backend, "check_signature", check_signature)
+        _put(self._backend, "call_backend", call_engine)
+
+    def session_handler(self) -> Callable[..., Any]:
+        """The SDK's handling of a route request bound to a session (sessions are the SDK's)."""
+        return _get(self._backend, "handle_request")
+
+    def keep_queue_estimate(self, working: Callable[[Any], Any], estimate: Callable[[Any], Any]) -> bool:
+        """Give the Metrics `working(its in-flight dict)` in its place and ModelMetrics a `wait_time` property
+        with the getter `estimate(the SDK's getter)` (control/queue_wait.py). False, touching nothing, when
+        either point is not as it was (a changed SDK: its own sum is used)."""
+        try:
+            prop = _module_hook("wait_time", "queue_wait")[1]
+            current = _find(self._metrics, "requests_working", "queue_wait")
+        except GuardError:
+            return False
+        if not isinstance(prop, property) or prop.fget is None or not isinstance(current, dict):
+            return False
+        if not getattr(prop.fget, "bakery_kept", False):
+            _replace_in_module("wait_time", "queue_wait", property(estimate(prop.fget)))
+        made = working(current)
+        if made is not current:
+            _put(self._metrics, "requests_working", made)
+        return True
+
+    def outcomes(self) -> Outcomes:
+        """The control plane's record of requests (the SDK's Metrics)."""
+        return Outcomes(self._backend)
+
+
+def _swap(obj: Any, key: str, value: Any) -> Any:
+    old = _get(obj, key)
+    _put(obj, key, value)
+    return old
+
+
+def replace_open_file(open_file: Callable[..., Any]) -> None:
+    """Make `open_file` what the SDK's log tail opens MODEL_LOG with (anyio's open_file's signature)."""
+    _, current = _module_hook("open_file", "log_tail.py")
+    if not callable(current):
+        raise GuardError(f"log_tail.py: the SDK module {BACKEND_MODULE}'s open_file is not callable "
+                         f"(vastai changed): update the hook 'open_file' in {SEAM_FILE}")
+    _replace_in_module("open_file", "log_tail.py", open_file)
+
+
+def json_data_exception() -> type:
+    """What the SDK's envelope parse raises for missing fields (answered 422)."""
+    return _module_hook("json_data_exception", "own_handler.py")[1]
+
+
+
+
 
 
 def backend_logger() -> logging.Logger:
@@ -275,18 +398,10 @@ def backend_logger() -> logging.Logger:
     return logger if isinstance(logger, logging.Logger) else logging.getLogger(BACKEND_MODULE)
 
 
-def engine_session(backend: Any) -> Any:
-    """The Backend's engine session (the limits guard's, once the server started)."""
-    return backend.session
 
 
-def has_engine_session(backend: Any) -> bool:
-    return "session" in backend.__dict__
 
 
-def set_engine_session(backend: Any, session: Any) -> None:
-    """Make `session` the one the Backend's cached_property returns (before the SDK's first use)."""
-    backend.__dict__["session"] = session
 
 
 def real_web(who: str) -> Any:
@@ -367,7 +482,7 @@ class FactoryRunner:
 
 def install_web(real: Any, parts: Any) -> None:
     """Make the SDK's server module build its apps through a WebShim over `real` with `parts`."""
-    replace_in_module("web", "install", WebShim(real, parts))
+    _replace_in_module("web", "install", WebShim(real, parts))
 
 
 # --------------------------------------------------------------------------- checking at start

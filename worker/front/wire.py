@@ -93,7 +93,7 @@ class Front:
     """The wire front's shared parts (see the module's docstring); `connection(inner)` makes the
     protocol of one admitted connection, `inner` being aiohttp's factory for it."""
 
-    routes: dict[str, Any]  # path -> the SDK's EndpointHandler
+    routes: dict[str, Any]  # path -> its own_handler.Route
     serve: Callable[..., Any]  # own_handler's steps after the parse
     loaded: Callable[[], bool]
     drain: Any  # drain.Drain
@@ -300,8 +300,8 @@ class Connection(asyncio.Protocol):
         self.task = asyncio.get_running_loop().create_task(self._serve(route[1], request, parsed_body, size, close))
 
     def _parse(self, handler: Any, body: bytes) -> tuple[Any, Any] | None:
-        """(auth_data, payload) as the SDK's parse makes them, for an envelope this front serves: signed
-        as the memo knows, nothing the guards refuse, no session, a route served in parallel; else None
+        """(auth_data, payload) as the route's parse makes them, for an envelope this front serves: signed
+        as the memo knows, nothing the guards refuse, no session; else None
         (aiohttp's path answers it, refusals included)."""
         first = self.owner.signed_first
         found = first.read(body, None)
@@ -309,11 +309,9 @@ class Connection(asyncio.Protocol):
                 or not self.owner.signed(found.auth) or first.utf8_error(body) or rules.depth_error(body)
                 or first.long_integer(body)):
             return None
-        if not handler.allow_parallel_requests or handler.remote_function:
-            return None
         try:
-            auth_data, payload, session_id = handler.get_data_from_request(json.loads(body))
-        except Exception:  # noqa: BLE001 - every refusal of the SDK's parse is aiohttp's path's to answer
+            auth_data, payload, session_id = handler.parse(json.loads(body))
+        except Exception:  # noqa: BLE001 - every refusal of the parse is aiohttp's path's to answer
             return None
         return None if session_id is not None else (auth_data, payload)
 

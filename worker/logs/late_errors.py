@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config import table
-from control import sdk_seam
 
-WHO = "late_errors.py"
 PROBES_VAR = "BAKERY_LATE_ERROR_PROBES"
 INTERVAL_VAR = "BAKERY_LATE_ERROR_INTERVAL"
 EXIT_PREFIX = "INFO exited: "  # the line worker/boot/supervise.py writes into MODEL_LOG when the engine exits
@@ -72,15 +70,15 @@ def _short(line: str) -> str:
 class LateErrors:
     """Decides, for each error the SDK reports, whether it reaches the SDK's `backend_errored`.
 
-    `errored` is the SDK's own backend_errored; `metrics` the SDK's Metrics (its loaded flag,
-    error_msg and update_pending); `probe` one health probe (None when it answered 200, else what
+    `errored` is the SDK's own backend_errored; `plane` the ControlPlane (readiness, reports); `probe` one
+    health probe (None when it answered 200, else what
     failed); `error_lines` MODEL_ERROR_LOG_MSGS as the SDK was given them.
     """
 
-    def __init__(self, errored: Callable[[str], Any], metrics: Any, probe: Probe, error_lines: Iterable[str],
+    def __init__(self, errored: Callable[[str], Any], plane: Any, probe: Probe, error_lines: Iterable[str],
                  bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
         self.errored = errored
-        self.metrics = metrics
+        self.plane = plane
         self.probe = probe
         self.error_lines = frozenset(error_lines)
         self.bounds = bounds
@@ -97,18 +95,13 @@ class LateErrors:
         """log_tail's callback: a line the SDK's tail just read (it matches it before reading on)."""
         self.last_line = line.rstrip()
 
-    def loaded(self) -> bool:
-        """The model is marked loaded and the worker is not errored (the SDK marks an errored worker
-        "loaded" too)."""
-        return bool(self.metrics.system_metrics.model_is_loaded) and not self.metrics.model_metrics.error_msg
-
     def backend_errored(self, msg: str) -> None:
-        """What the SDK calls instead of its own backend_errored (sdk_seam hook "backend_errored")."""
+        """What the SDK calls instead of its own backend_errored (ControlPlane.replace_errored)."""
         if msg not in self.error_lines:  # the SDK's own: its health check, the benchmark, the key
             self.errored(msg)
             return
         line = self.last_line if self.last_line and msg in self.last_line else msg
-        if msg.startswith(EXIT_PREFIX) or not self.loaded():
+        if msg.startswith(EXIT_PREFIX) or not self.plane.ready():
             self.count(msg)
             return
         self._pending = (msg, line)
@@ -126,7 +119,7 @@ class LateErrors:
     def count(self, msg: str) -> None:
         """Mark the worker errored with `msg` and ask for a report at the SDK's next tick."""
         self.errored(msg)
-        self.metrics.update_pending = True
+        self.plane.ask_report()
 
     async def check(self) -> None:
         """Probe the engine's health until `probes` probes in a row answered 200 since the last line
@@ -136,12 +129,12 @@ class LateErrors:
             if not first:
                 await asyncio.sleep(self.bounds.interval)
             first = False
-            if not self.loaded():  # errored meanwhile (the exit line, the SDK's own check)
+            if not self.plane.ready():  # errored meanwhile (the exit line, the SDK's own check)
                 self._lines = 0
                 return
             failure = await self.probe()
             self._left -= 1
-            if failure is not None and self._pending is not None and self.loaded():
+            if failure is not None and self._pending is not None and self.plane.ready():
                 msg, line = self._pending
                 log.warning("an error line after load counts: the engine's health failed (%s); the worker "
                             "reports itself errored: %s", failure, _short(line))
@@ -167,13 +160,13 @@ class LateErrors:
             self.held = 0
 
 
-def health_probe(backend: Any, timeout: float) -> Probe:
+def health_probe(plane: Any, timeout: float) -> Probe:
     """One GET of the engine's health URL (the SDK's healthcheck_url) on the engine session: None when
     it answered 200, else what failed."""
-    url = sdk_seam.find(backend, "healthcheck_url", WHO)
+    url = plane.health_url()
 
     async def get() -> int:  # as the SDK's own health check asks it
-        async with sdk_seam.engine_session(backend).get(url) as response:
+        async with plane.engine_session().get(url) as response:
             await response.read()
             return int(response.status)
 
@@ -193,11 +186,7 @@ def health_probe(backend: Any, timeout: float) -> Probe:
 
 def install(ctx: Any, error_lines: Iterable[str], bounds: Bounds) -> LateErrors:
     """Wrap the SDK's backend_errored with the policy; returns it (log_tail feeds its `seen`)."""
-    backend = ctx.backend
-    metrics = sdk_seam.find(backend, "metrics", WHO)
-    for key in ("model_is_loaded", "error_msg", "update_pending"):
-        sdk_seam.find(metrics, key, WHO)
-    errored = sdk_seam.find(backend, "backend_errored", WHO)
-    policy = LateErrors(errored, metrics, health_probe(backend, bounds.probe_timeout), error_lines, bounds)
-    sdk_seam.put(backend, "backend_errored", policy.backend_errored)
+    plane = ctx.sdk
+    policy = LateErrors(lambda msg: None, plane, health_probe(plane, bounds.probe_timeout), error_lines, bounds)
+    policy.errored = plane.replace_errored(policy.backend_errored)
     return policy

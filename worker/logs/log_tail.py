@@ -13,8 +13,6 @@ from typing import Any
 
 from control import sdk_seam
 
-BACKEND_MODULE = sdk_seam.BACKEND_MODULE
-
 
 class LocalFile:
     """An open file with the async methods of anyio's AsyncFile that the SDK calls, done in place."""
@@ -53,17 +51,9 @@ async def open_local_file(file: Any, mode: str = "r", buffering: int = -1, encod
 
 
 def install(seen: Callable[[Any], None] | None = None) -> None:
-    """Give the SDK's backend module the in-place open_file (each line read also goes to `seen`);
-    GuardError when it has none to replace."""
-    _, current = sdk_seam.module_hook("open_file", "log_tail.py")
-    if not callable(current):
-        raise sdk_seam.GuardError(f"log_tail.py: the SDK module {BACKEND_MODULE}'s open_file is not callable "
-                                  f"(vastai changed): update the hook 'open_file' in {sdk_seam.SEAM_FILE}")
-    if seen is None:
-        sdk_seam.replace_in_module("open_file", "log_tail.py", open_local_file)
-        return
-
+    """Give the SDK's log tail the in-place open_file (each line read also goes to `seen`); GuardError
+    when it has none to replace."""
     async def open_and_watch(*args: Any, **kwargs: Any) -> LocalFile:
         return await open_local_file(*args, **kwargs, seen=seen)
 
-    sdk_seam.replace_in_module("open_file", "log_tail.py", open_and_watch)
+    sdk_seam.replace_open_file(open_local_file if seen is None else open_and_watch)

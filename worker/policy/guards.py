@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import request_path, table
-from control import sdk_seam
+from control import own_handler, sdk_seam
 from control.sdk_seam import GuardError
 from logs import log_escape
 from policy import admission, key_rotation, rules
@@ -142,7 +141,7 @@ class Context:
     """What the guards hook into, and what they contribute to the SDK's server (collected first,
     applied once by the `web` shim)."""
 
-    backend: Any
+    sdk: Any  # sdk_seam.ControlPlane: the SDK's control plane, by name
     limits: Limits
     routes: tuple[str, ...]
     http_port: int
@@ -157,7 +156,7 @@ class Context:
     runner_kwargs: dict[str, Any] = field(default_factory=dict)
     site_hosts: dict[int, str] = field(default_factory=dict)
     on_startup: list[Callable[[Any], Awaitable[None]]] = field(default_factory=list)
-    handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> the SDK's EndpointHandler
+    handlers: Mapping[str, Any] = field(default_factory=dict)  # route -> its own_handler.Route
     # wrap(runner, port) -> the runner a listener on `port` is made on (admission's connection cap)
     site_runners: list[Callable[[Any, int | None], Any]] = field(default_factory=list)
     listen_backlog: int = 0  # every listener's but http_port's (admission.listen_backlog); 0: aiohttp's
@@ -177,16 +176,11 @@ session_create_error = rules.session_create_error
 
 
 
-def _hook(obj: Any, key: str, guard: str) -> Any:
-    """The SDK hook `key` (sdk_seam.HOOKS) on `obj`, or GuardError naming the guard that needs it."""
-    return sdk_seam.find(obj, key, f"guard {guard}")
-
-
 now_and_then = rules.now_and_then
 
 
 def _install_own_url(ctx: Context, web: Any) -> None:
-    own = _hook(_hook(ctx.backend, "metrics", "own_url"), "own_url", "own_url")
+    own = ctx.sdk.own_url()
     original, platform = ctx.check_signature, ctx.platform
     refused, misshapen = [0], [0]
     sized: list[Any] = [None, 0]  # (key, its size in bytes): pycryptodome recomputes it from the modulus
@@ -213,25 +207,11 @@ def _install_own_url(ctx: Context, web: Any) -> None:
     ctx.check_signature = request_path.layer("own_url", check_signature, original)
 
 
-def auth_data_maker(auth_cls: Any) -> Callable[[dict[str, Any]], Any]:
-    """The SDK's AuthData made from an envelope's auth object as `auth_cls.from_json_msg` makes it
-    (every field present, other keys dropped), without that method's seven inspect.signature() calls
-    (~20 us a request here); `from_json_msg` itself makes it when a field is missing (its own error)."""
-    fields = tuple(inspect.signature(auth_cls).parameters)
-
-    def make(auth: dict[str, Any]) -> Any:
-        if all(name in auth for name in fields):
-            return auth_cls(**{name: auth[name] for name in fields})
-        return auth_cls.from_json_msg(auth)
-
-    return make
-
-
 def signature_check(ctx: Context, who: str) -> Callable[[dict[str, Any]], bool]:
     """The signature check as a request meets it (every guard's layer, looked up at each call), on an
-    envelope's auth object."""
-    make = auth_data_maker(sdk_seam.module_hook("auth_data", f"guard {who}")[1])
-    return lambda auth: ctx.check_signature(make(auth))
+    envelope's auth object whose fields signed_first.py read (all of them: auth_error refused the rest)."""
+    made, fields = own_handler.AuthData, own_handler.AUTH_FIELDS
+    return lambda auth: ctx.check_signature(made(*(auth[name] for name in fields)))
 
 
 def _install_sessions(ctx: Context, web: Any) -> None:
@@ -249,8 +229,7 @@ def _install_self_update(ctx: Context, web: Any) -> None:
 def _install_limits(ctx: Context, web: Any) -> None:
     import aiohttp
 
-    backend, limits, routes = ctx.backend, ctx.limits, ctx.routes
-    sdk_seam.require_session_property(backend, "guard limits")
+    plane, limits, routes = ctx.sdk, ctx.limits, ctx.routes
     call_engine = ctx.call_engine
     ctx.app_kwargs["client_max_size"] = limits.max_body_bytes
     # aiohttp closes a connection whose handler waits for a request longer than this: at the start
@@ -258,14 +237,14 @@ def _install_limits(ctx: Context, web: Any) -> None:
     ctx.runner_kwargs["keepalive_timeout"] = limits.header_timeout
 
     async def engine_session(app: Any) -> None:
-        if sdk_seam.has_engine_session(backend):
+        if plane.has_engine_session():
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.engine_connect_timeout,
                                         sock_read=limits.engine_idle_timeout)
         # As the SDK makes it, plus the timeouts, and with engine connections kept alive between
         # requests (the SDK's force_close opened one per request: see ENGINE_KEEPALIVE).
-        sdk_seam.set_engine_session(backend, aiohttp.ClientSession(
-            backend.model_server_url, timeout=timeout,
+        plane.set_engine_session(aiohttp.ClientSession(
+            plane.engine_url(), timeout=timeout,
             connector=aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE, enable_cleanup_closed=True)))
 
     async def call_with_timeouts(*args: Any, **kwargs: Any) -> Any:
@@ -318,11 +297,7 @@ def new_key(ctx: Context, key: Any) -> None:
 
 
 def _install_pubkey_retry(ctx: Context, web: Any) -> None:
-    backend, limits, platform = ctx.backend, ctx.limits, ctx.platform
-    _hook(backend, "fetch_pubkey", "pubkey_retry")
-    fetched = _hook(backend, "pubkey_fetched", "pubkey_retry")
-    metrics = _hook(backend, "metrics", "pubkey_retry")
-    report_loaded = _hook(metrics, "model_loaded", "pubkey_retry")
+    plane, limits, platform = ctx.sdk, ctx.limits, ctx.platform
     first = ctx.report_addr.split(",")[0].strip().rstrip("/")
     url = f"{first}/pubkey/"
     waiting: list[float] = []
@@ -342,7 +317,7 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     async def fetch_until_loaded() -> None:
         # Set at once: the SDK's readiness waits 60 s for it and then errors the worker for good.
         # Readiness is held back in model_loaded() instead, until the key is here.
-        fetched.set()
+        plane.key_fetch_done()
         if platform.unsecured:
             return
         started, tries = time.monotonic(), 0
@@ -369,8 +344,8 @@ def _install_pubkey_retry(ctx: Context, web: Any) -> None:
     def keyed() -> bool:  # failures count only while signatures are checked against a key
         return not platform.unsecured and platform.pubkey() is not None
 
-    sdk_seam.put(metrics, "model_loaded", model_loaded)
-    sdk_seam.put(backend, "fetch_pubkey", fetch_until_loaded)
+    report_loaded = plane.replace_loaded_mark(model_loaded)
+    plane.replace_key_fetch(fetch_until_loaded)
     # Over own_url's layer: its refusals (a signature of another key size is misshapen for this one) count.
     ctx.check_signature = key_rotation.counting(ctx.check_signature, rotation, keyed)
 
@@ -425,10 +400,10 @@ def _install_outcomes(ctx: Context, web: Any) -> None:
         reject(request_metrics)
 
     def workload_of(route: str, data: dict[str, Any]) -> float:
-        # The SDK's own count for the route (its handler's payload type), 0 for a payload it cannot read.
+        # The route's own count (its payload's), 0 for a payload it cannot read.
         handler = handlers.get(route)
         try:
-            _, payload, _ = handler.get_data_from_request(data)
+            _, payload, _ = handler.parse(data)
             return float(payload.count_workload())
         except Exception:  # noqa: BLE001 (an unusable payload is no load)
             return 0.0
@@ -499,8 +474,8 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     platform's key and UNSECURED (signature.Trust); `check_signature` and
     `call_engine` are the innermost layers of the request path's two chains (ctx holds them wrapped);
     `outcomes` is where outcomes are reported (default: the SDK's Metrics). `handlers` maps each
-    served route to the SDK's EndpointHandler for it (the outcomes guard counts a refused request's
-    workload with it; without it a refusal counts no load). Raises GuardError for an unknown name or a
+    served route to its own_handler.Route (the outcomes guard counts a refused request's workload with
+    it; without it a refusal counts no load). Raises GuardError for an unknown name or a
     missing SDK hook.
     """
     names = ACTIVE if active is None else active
@@ -508,13 +483,10 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     if unknown:
         raise GuardError(f"unknown guard(s) {', '.join(unknown)} in ACTIVE; known: {', '.join(INSTALLERS)}")
     real_web = sdk_seam.real_web("install")
-    backend = getattr(worker, "backend", None)
-    if backend is None:
-        raise GuardError("install: the SDK's Worker has no backend any more (vastai changed): update "
-                         f"{sdk_seam.SEAM_FILE}")
-    ctx = Context(backend=backend, limits=limits, routes=tuple(routes), http_port=http_port,
+    plane = sdk_seam.ControlPlane(worker.backend)
+    ctx = Context(sdk=plane, limits=limits, routes=tuple(routes), http_port=http_port,
                   report_addr=report_addr, platform=platform,
-                  outcomes=sdk_seam.Outcomes(backend, "install") if outcomes is None else outcomes,
+                  outcomes=plane.outcomes() if outcomes is None else outcomes,
                   check_signature=check_signature, call_engine=call_engine, handlers=dict(handlers or {}))
     for name in names:
         INSTALLERS[name](ctx, real_web)
