@@ -123,3 +123,48 @@ def test_build_py_exits_2_on_a_bad_line(tmp_path: Path) -> None:
     name = WITHOUT_LINES[0]
     spec_file(tmp_path, name, _set([{"cuda": "12.9", "default": True}, {"cuda": "13.0", "default": True}]))
     assert main(["--images-dir", str(tmp_path), "--engine", name, "--show"]) == 2
+
+
+def _show_json(*args: str) -> list[dict]:
+    import json
+    import subprocess
+    import sys
+
+    from bakery.paths import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "build.py", *args, "--show", "--json"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_show_json_lists_every_line_and_its_floor() -> None:
+    shown = {item["engine"]: item for item in _show_json("--all")}
+    assert set(shown) == set(available_engines())
+    for name, item in shown.items():
+        variants = load_engine(name).base.cuda_variants
+        assert [(line["cuda"], line["min_driver"], line["base"], line["default"]) for line in item["cuda_lines"]] == \
+            [(v.cuda, v.min_driver, v.image, v.default) for v in variants]
+        for line in item["cuda_lines"]:
+            assert line["driver_source"] == cuda.DRIVER_SOURCE
+            assert all(f"-cuda{line['cuda']}" in tag for tag in line["tags"] if "-cuda" in tag)
+            assert any(tag.endswith(f":{load_engine(name).version}-cuda{line['cuda']}") for tag in line["tags"])
+        default = variants[0] if variants else None
+        assert item["cuda"] == (default.cuda if default else None)
+        assert item["env"].get(cuda.MIN_DRIVER_VAR) == (str(default.min_driver) if default else None)
+
+
+def test_show_text_and_json_follow_cuda_and_another_images_dir(tmp_path: Path) -> None:
+    name = WITHOUT_LINES[0]
+    spec_file(tmp_path, name, lambda d: d["base"].update(cuda_lines=two_lines(default_last=True)))
+    item = _show_json("--images-dir", str(tmp_path), "--engine", name, "--cuda", "12.4")[0]
+    assert (item["cuda"], item["min_driver"], item["production_base"]) == ("12.4", 525,
+                                                                         "example.org/acme/engine:1.0-cu124")
+    assert [line["cuda"] for line in item["cuda_lines"]] == ["13.1", "12.4"]  # the default first
+    assert item["env"][cuda.VERSION_VAR] == "12.4"
+    from bakery.recipe.show import show
+
+    text = show(load_spec_file(tmp_path / f"{name}.yaml"), cuda="12.4")
+    assert "production base: example.org/acme/engine:1.0-cu124" in text
+    assert "12.4  driver >= 525" in text and "13.1  driver >= 580" in text
+    assert "BAKERY_CUDA_MIN_DRIVER=525" in text
