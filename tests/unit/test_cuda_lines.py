@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.errors import InputError
 from bakery.spec import cuda
 from bakery.spec.engine_spec import IMAGES_DIR, available_engines, load_engine, load_spec_file
+from tests.unit.test_spec import error_of  # the one-line refusal reader every spec test uses
 
 # The engines whose spec lists CUDA lines, and those that do not, read from the specs themselves.
 WITH_LINES = [name for name in available_engines() if load_engine(name).base.cuda_lines]
@@ -29,14 +29,6 @@ def spec_file(tmp_path: Path, name: str, change) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(InputError) as info:
-        load_spec_file(path)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.parametrize(("version", "floor"), [("13.0", 580), ("13.2", 580), ("12.9", 525), ("12.0", 525),
