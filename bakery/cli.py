@@ -10,7 +10,7 @@ from pathlib import Path
 from bakery import __version__
 from bakery.errors import BakeryError, InputError
 from bakery.recipe.build_facts import BuildFacts
-from bakery.recipe.plan import BuildOptions, baked_model, choose_base, make_plan
+from bakery.recipe.plan import BuildOptions, baked_model, choose_base, every_line, make_plan
 from bakery.recipe.render import check_templates_dir, render
 from bakery.recipe.tags import check_repository
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
@@ -20,6 +20,8 @@ EPILOG = """\
 examples:
   python build.py --list                             engines and their base images
   python build.py --engine llama --show              what the llama image bakes, for template authors
+  python build.py --all --show --json                the same as JSON, with each CUDA line and its driver floor
+  python build.py --engine vllm --cuda 12.9 --local  build vLLM's CUDA 12.9 line (driver >= 525) on the local base
   python build.py --engine llama --render-only       print the rendered Dockerfile
   python build.py --all --render-only --out out/     write out/<engine>/Dockerfile for every engine
   python build.py --engine llama --local             build on this machine's llama.cpp base and verify
@@ -94,6 +96,9 @@ def make_parser() -> argparse.ArgumentParser:
                            "carries -model-<name>-<digest12>, and the gate checks the engine serves exactly it. "
                            "Its format must be the spec's engine.model_format (gguf or safetensors); files that "
                            "look like credentials are refused")
+    base.add_argument("--cuda", metavar="VERSION",
+                      help="the CUDA line to build or show (spec base.cuda_lines, e.g. 12.9); default: the spec's "
+                           "default line; a bake file holds every line unless this names one")
     base.add_argument("--repository", metavar="PREFIX", default="bakery",
                       help="image repository prefix for tags, e.g. ghcr.io/acme (default: bakery)")
     out = p.add_argument_group("output")
@@ -120,6 +125,8 @@ def cmd_list(images_dir: Path | None = None) -> int:
     for name in available_engines(images_dir):
         spec = load_engine(name, images_dir)
         print(f"{spec.name:8} {spec.base.image:45} local: {spec.base.local or '-':15} {spec.description}")
+        for line in spec.base.cuda_variants[1:]:
+            print(f"{'':8} {line.image:45} CUDA {line.cuda} line (driver >= {line.min_driver})")
     return 0
 
 
@@ -146,7 +153,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(local=args.local, base_image=args.base_image, base_model=args.base_model,
                         repository=args.repository,
                         templates_dir=args.templates_dir, images_dir=args.images_dir,
-                        verify=not args.no_verify, push=args.push, model=args.model)
+                        verify=not args.no_verify, push=args.push, model=args.model, cuda=args.cuda)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -199,20 +206,24 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             choose_base(spec, options)  # every path (render, bake file, build) names a bad base.local the same way
         if args.show:
-            from bakery.recipe.show import show
+            from bakery.recipe.show import show, show_json
 
+            if args.json:
+                print(json.dumps([show_json(spec, options) for spec in specs], indent=2))
+                return 0
             for spec in specs:
-                print(show(spec, baked_model(spec, options)))
+                print(show(spec, baked_model(spec, options), options.cuda))
             return 0
         if args.render_only:
             return cmd_render(specs, options, out=args.out, quiet=args.quiet)
         facts = BuildFacts.of_checkout()  # once: every plan's labels and tags name the same commit
-        plans = [make_plan(spec, options, facts) for spec in specs]
         if args.bake_file:
             from bakery.release.bakefile import write_bake_file
 
-            write_bake_file(plans, args.bake_file)
+            # One target per CUDA line and platform (only --cuda's line when it names one).
+            write_bake_file([plan for spec in specs for plan in every_line(spec, options, facts)], args.bake_file)
             return 0
+        plans = [make_plan(spec, options, facts) for spec in specs]
         from bakery.build.pipeline import run_pipeline
 
         summary = run_pipeline(plans, quiet=args.quiet)

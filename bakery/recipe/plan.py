@@ -14,7 +14,7 @@ made, if need be, by whoever builds the plan.
 from __future__ import annotations
 
 import platform as host
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bakery.errors import InputError
@@ -23,6 +23,7 @@ from bakery.model.source import find_model
 from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.render import RenderOptions
 from bakery.recipe.tags import candidate_tag, check_repository, image_repository, platform_tag, release_tags
+from bakery.spec.cuda import CudaVariant
 from bakery.spec.engine_spec import EngineSpec
 
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -49,6 +50,7 @@ class BuildOptions:
     verify: bool = True  # run the gate (only a verified image gets release tags)
     push: bool = False  # after a pass, push the release tags
     model: Path | None = None  # a model file or directory to bake into the image's own layer (--model)
+    cuda: str | None = None  # the CUDA line (spec base.cuda_lines) to build; None: the default line (--cuda)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,12 @@ class BaseChoice:
     local: str | None = None  # the catalogue name of a base made here (bakery.bases), else None
     model: str | None = None  # a custom base: the model it serves (--base-model), so the gate can serve it
 
+    cuda: CudaVariant | None = None  # the CUDA line the image is of (its floor is baked); None: no CUDA lines
+
     def render_options(self, templates_dir: Path | None, model: BakedModel | None = None) -> RenderOptions:
         """The render options for a Dockerfile FROM this base (with `model` baked, if any)."""
         return RenderOptions(base_image=self.ref, base_image_source=self.source, templates_dir=templates_dir,
-                             model=model)
+                             model=model, cuda=self.cuda.cuda if self.cuda else None)
 
 
 def baked_model(spec: EngineSpec, options: BuildOptions) -> BakedModel | None:
@@ -72,11 +76,27 @@ def baked_model(spec: EngineSpec, options: BuildOptions) -> BakedModel | None:
     return bake(find_model(options.model, spec)) if options.model is not None else None
 
 
+def cuda_line(spec: EngineSpec, cuda: str | None) -> CudaVariant | None:
+    """The CUDA line `cuda` names (None: the default one; None for an engine without lines); InputError
+    naming the lines the spec has otherwise."""
+    try:
+        return spec.base.cuda_variant(cuda)
+    except ValueError as exc:
+        raise InputError(f"--cuda {cuda}: {spec.spec_path}: base.cuda_lines: {exc}") from None
+
+
 def choose_base(spec: EngineSpec, options: BuildOptions) -> BaseChoice:
     """The base `options` choose for `spec`; InputError (naming the spec key) for a missing local base.
 
-    Every path (render, bake file, build) chooses here, so each names a bad base.local the same way.
+    Every path (render, bake file, build) chooses here, so each names a bad base.local the same way. The
+    CUDA line's floor is baked whatever the base: a local or custom build of a line is that line's image.
     """
+    line = cuda_line(spec, options.cuda)
+    base = _choose_base(spec, options, line)
+    return replace(base, cuda=line)
+
+
+def _choose_base(spec: EngineSpec, options: BuildOptions, line: CudaVariant | None) -> BaseChoice:
     if options.base_image is not None:
         return BaseChoice(options.base_image, "custom", "--base-image", model=options.base_model)
     if options.local:
@@ -88,6 +108,9 @@ def choose_base(spec: EngineSpec, options: BuildOptions) -> BaseChoice:
         if spec.base.local not in BASES:
             raise InputError(f"{where}: unknown local base {spec.base.local!r}; choose one of {', '.join(BASES)}")
         return BaseChoice(BASES[spec.base.local].ref, "local", f"{where} ({spec.base.local!r})", spec.base.local)
+    if line is not None and not line.default:
+        index = next(i for i, item in enumerate(spec.base.cuda_lines) if item.cuda == line.cuda)
+        return BaseChoice(line.image, "production", f"{spec.spec_path}: base.cuda_lines.{index}.image")
     return BaseChoice(spec.base.image, "production", f"{spec.spec_path}: base.image")
 
 
@@ -119,6 +142,11 @@ class BuildPlan:
         return self.model.tag_variant if self.model is not None else None
 
     @property
+    def cuda(self) -> CudaVariant | None:
+        """The CUDA line this image is of (None: an engine without CUDA lines)."""
+        return self.base.cuda
+
+    @property
     def variant(self) -> str:
         """production, local or custom: which kind of base (it goes into every tag but production's)."""
         return self.base.variant
@@ -131,12 +159,12 @@ class BuildPlan:
     def platform_tag(self, platform: str) -> str:
         """The tag one platform's verified image is pushed under before a multi-platform release."""
         return platform_tag(self.spec, platform, repository=self.repository, variant=self.variant,
-                            revision=self.facts.revision, model=self.model_variant)
+                            revision=self.facts.revision, model=self.model_variant, cuda=self.cuda)
 
     def candidate_tag(self, platform: str) -> str:
         """The one tag a not-yet-verified build of `platform` carries (bake targets)."""
         return candidate_tag(self.spec, platform, repository=self.repository, variant=self.variant,
-                             revision=self.facts.revision, model=self.model_variant)
+                             revision=self.facts.revision, model=self.model_variant, cuda=self.cuda)
 
 
 def make_plan(spec: EngineSpec, options: BuildOptions, facts: BuildFacts,
@@ -151,7 +179,15 @@ def make_plan(spec: EngineSpec, options: BuildOptions, facts: BuildFacts,
     return BuildPlan(
         spec=spec, base=base, platforms=platforms_for(spec, base), repository=repository, facts=facts,
         tags=tuple(release_tags(spec, repository=repository, variant=base.variant, revision=facts.revision,
-                                model=variant)),
+                                model=variant, cuda=base.cuda)),
         render=base.render_options(options.templates_dir, model), verify=options.verify, push=options.push,
         images_dir=options.images_dir, model=model,
     )
+
+
+def every_line(spec: EngineSpec, options: BuildOptions, facts: BuildFacts) -> list[BuildPlan]:
+    """One plan per CUDA line of `spec` (the default first), or the one plan of an engine without lines:
+    what a bake file and the release matrix hold. `options.cuda`, when set, keeps only that line."""
+    if options.cuda is not None or not spec.base.cuda_variants:
+        return [make_plan(spec, options, facts)]
+    return [make_plan(spec, replace(options, cuda=line.cuda), facts) for line in spec.base.cuda_variants]

@@ -19,7 +19,8 @@ from bakery.errors import InputError
 from bakery.model.manifest import BakedModel
 from bakery.model.stage import stage_model
 from bakery.paths import REPO_ROOT, TEMPLATES_DIR
-from bakery.spec import dockerfile_values
+from bakery.spec import cuda, dockerfile_values
+from bakery.spec.cuda import CudaVariant
 from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG, Token
 from bakery.spec.engine_facts import MODEL_VAR_VAR, PROGRAM_VAR, baked_facts
 from bakery.spec.engine_spec import LINE_LIST_VARS, EngineSpec, display_path
@@ -49,6 +50,9 @@ class RenderOptions:
     runtime_image_source: str = "the runtime image (RenderOptions.runtime_image)"
     # A model baked into the image in its own layer, right after FROM (build.py --model); None: none.
     model: BakedModel | None = None
+    # The CUDA line (spec base.cuda_lines) the image is of: its floor and version are baked and labelled,
+    # and with no base_image its base is the line's. None: the default line (nothing for an engine without).
+    cuda: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,18 @@ class Rendered:
     model: BakedModel | None = None  # the model the build context must hold (build.py --model)
 
 
-def baked_env(spec: EngineSpec, model: BakedModel | None = None) -> dict[str, str]:
+def cuda_of(spec: EngineSpec, cuda: str | None) -> CudaVariant | None:
+    """The CUDA line `cuda` names (None: the default; None without lines); InputError naming the choices."""
+    try:
+        return spec.base.cuda_variant(cuda)
+    except ValueError as exc:
+        raise InputError(f"{spec.spec_path}: base.cuda_lines: {exc}") from None
+
+
+def baked_env(spec: EngineSpec, model: BakedModel | None = None, cuda: str | None = None) -> dict[str, str]:
     """The exact environment strings the image must carry (what `docker inspect` shows); with a baked
-    `model`, the engine's model variable defaults to it (a launch template may still set another)."""
+    `model`, the engine's model variable defaults to it (a launch template may still set another); with
+    CUDA lines, the floor and version of line `cuda` (None: the default line) for the entry point."""
     env: dict[str, str] = {}
     for name, value in spec.bake.env.items():
         env[name] = dockerfile_values.encode_log_lines(value) if name in LINE_LIST_VARS else value
@@ -74,6 +87,9 @@ def baked_env(spec: EngineSpec, model: BakedModel | None = None) -> dict[str, st
     env["BAKERY_ENGINE_CMD"] = json.dumps(spec.engine.command, ensure_ascii=False, separators=(",", ":"))
     env["BAKERY_ENGINE_ARGS_VAR"] = spec.engine.args_var
     env.update(baked_facts(spec))
+    line = cuda_of(spec, cuda)
+    if line is not None:
+        env.update(line.baked_env())
     return env
 
 
@@ -86,9 +102,11 @@ _BUILD_ARG_LABELS = {
 _WHEEL = r"[A-Za-z0-9_][A-Za-z0-9_.+*-]*\.whl"
 
 
-def static_labels(spec: EngineSpec, base_image: str, model: BakedModel | None = None) -> dict[str, str]:
-    """OCI labels known at render time (with a baked model's, docs/tags.md); revision and created come as
-    build args."""
+def static_labels(spec: EngineSpec, base_image: str, model: BakedModel | None = None,
+                  cuda: str | None = None) -> dict[str, str]:
+    """OCI labels known at render time (with a baked model's and a CUDA line's, docs/tags.md); revision and
+    created come as build args."""
+    line = cuda_of(spec, cuda)
     return {
         "org.opencontainers.image.title": f"bakery-{spec.name}",
         "org.opencontainers.image.description": spec.description,
@@ -99,6 +117,7 @@ def static_labels(spec: EngineSpec, base_image: str, model: BakedModel | None = 
         "ai.bakery.backend": spec.bake.env["BACKEND"],  # type: ignore[dict-item]
         "ai.bakery.engine": spec.name,
         **(model.labels() if model is not None else {}),
+        **(line.labels() if line is not None else {}),
     }
 
 
@@ -112,6 +131,8 @@ def _label_sources(spec_path: str, base_source: str) -> dict[str, str]:
         "org.opencontainers.image.base.name": base_source,
         "ai.bakery.backend": f"{spec_path}: bake.env.BACKEND",
         "ai.bakery.engine": f"{spec_path}: name",
+        cuda.VERSION_LABEL: f"{spec_path}: base.cuda_lines",
+        cuda.MIN_DRIVER_LABEL: f"{spec_path}: base.cuda_lines (bakery/spec/cuda.py)",
     }
 
 
@@ -126,6 +147,8 @@ def _env_source(spec_path: str, name: str, model_var: str | None = None) -> str:
         return f"{spec_path}: name"
     if name == MODEL_VAR_VAR:
         return f"{spec_path}: engine.model_var"
+    if name in (cuda.VERSION_VAR, cuda.MIN_DRIVER_VAR):
+        return f"{spec_path}: base.cuda_lines"
     return f"{spec_path}: bake.env.{name}"
 
 
@@ -192,14 +215,17 @@ def render(spec: EngineSpec, options: RenderOptions | None = None) -> Rendered:
     where = templates_label(options.templates_dir)
     if options.templates_dir is not None:
         check_templates_dir(options.templates_dir)
-    if options.base_image is None:
+    line = cuda_of(spec, options.cuda)
+    if options.base_image is None and line is not None and not line.default:
+        base_image, base_source = line.image, f"{spec_path}: base.cuda_lines ({line.cuda})"
+    elif options.base_image is None:
         base_image, base_source = spec.base.image, f"{spec_path}: base.image"
     else:
         base_image, base_source = options.base_image, options.base_image_source
     values = dockerfile_values
     model = options.model
-    env = _through(f"{spec_path}: bake.env", baked_env, spec, model)
-    labels = static_labels(spec, base_image, model)
+    env = _through(f"{spec_path}: bake.env", baked_env, spec, model, options.cuda)
+    labels = static_labels(spec, base_image, model, options.cuda)
     model_var = spec.engine.model_var if model is not None else None
     quoted_env = [(_through(_env_source(spec_path, name, model_var), values.word, name, values.ENV_NAME,
                             "variable name"),

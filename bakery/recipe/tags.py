@@ -21,6 +21,11 @@ Release tags go only to an image that passed the gate (bakery.build.publish). Be
 from a bake file carries one **candidate** tag (`bakery/llama:candidate-b11434-bakery0.1.0-gabc1234-amd64`)
 that no release tag ever equals, so an unverified image can never be mistaken for a release.
 The strongest pin is the digest (`bakery/llama@sha256:...`), which `build.py --push` prints.
+
+An engine with CUDA lines (spec `base.cuda_lines`) gets one image per line, and every tag of a line's
+image carries `-cuda<major.minor>` (`bakery/vllm:v0.33.0-cuda12.9`, `...-bakery0.1.0-gabc1234-cuda12.9`);
+the default line's image also gets the unsuffixed tags above (and `latest`), so a template that names no
+CUDA line keeps getting the engine's default one. An engine without CUDA lines is tagged as above.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import re
 
 from bakery import __version__
 from bakery.errors import InputError
+from bakery.spec.cuda import CudaVariant
 from bakery.spec.engine_spec import EngineSpec
 
 VARIANTS = ("production", "local", "custom")
@@ -77,37 +83,47 @@ def _check_variant(variant: str) -> str:
     return "" if variant == "production" else f"-{variant}"
 
 
+def _tag_set(spec: EngineSpec, revision: str, suffix: str) -> list[str]:
+    """The commit, versions and version tags with `suffix`, most specific first."""
+    versions = f"{spec.version}-bakery{__version__}"
+    tags = [f"{versions}-g{revision[:7]}{suffix}"] if has_commit(revision) else []
+    return [*tags, f"{versions}{suffix}", f"{spec.version}{suffix}"]
+
+
 def release_tags(spec: EngineSpec, *, repository: str = "bakery", variant: str = "production",
-                 revision: str = "unknown", model: str | None = None) -> list[str]:
+                 revision: str = "unknown", model: str | None = None, cuda: CudaVariant | None = None) -> list[str]:
     """All release tags for one verified image, most specific first; `model` is a baked model's tag
-    variant (bakery.model.manifest.BakedModel.tag_variant), which every tag then carries."""
+    variant (bakery.model.manifest.BakedModel.tag_variant), which every tag then carries; `cuda` the CUDA
+    line the image is of (every tag carries -cuda<version>; the default line's also gets the plain tags)."""
     suffix = _check_variant(variant) + (f"-{model}" if model else "")
     repo = image_repository(spec, repository)
-    versions = f"{spec.version}-bakery{__version__}"
-    tags = []
-    if has_commit(revision):
-        tags.append(f"{versions}-g{revision[:7]}{suffix}")
-    tags += [f"{versions}{suffix}", f"{spec.version}{suffix}"]
-    if variant == "production" and not model:
+    # The default line's plain tags come first: its platform, candidate and commit tags stay as they were
+    # before the engine had CUDA lines, and every other line's are told apart by their suffix.
+    tags = _tag_set(spec, revision, suffix) if cuda is None or cuda.default else []
+    if cuda is not None:
+        tags += _tag_set(spec, revision, f"-{cuda.tag_suffix}{suffix}")
+    if variant == "production" and not model and (cuda is None or cuda.default):
         tags.append("latest")
     return [f"{repo}:{_clean(tag)}" for tag in tags]
 
 
 def platform_tag(spec: EngineSpec, platform: str, *, repository: str = "bakery", variant: str = "production",
-                 revision: str = "unknown", model: str | None = None) -> str:
+                 revision: str = "unknown", model: str | None = None, cuda: CudaVariant | None = None) -> str:
     """The per-platform tag of one verified single-platform image: the most specific release tag + `-<arch>`.
 
     A multi-arch release pushes each platform's verified image under this tag, then assembles the
     release tags as a manifest list of exactly those digests.
     """
-    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model)[0]
+    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model,
+                                 cuda=cuda)[0]
     return f"{most_specific}-{arch(platform)}"
 
 
 def candidate_tag(spec: EngineSpec, platform: str, *, repository: str = "bakery", variant: str = "production",
-                  revision: str = "unknown", model: str | None = None) -> str:
+                  revision: str = "unknown", model: str | None = None, cuda: CudaVariant | None = None) -> str:
     """The one tag a not-yet-verified build carries (bake files tag with it; never a release tag)."""
-    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model)[0]
+    most_specific = release_tags(spec, repository=repository, variant=variant, revision=revision, model=model,
+                                 cuda=cuda)[0]
     repo, _, tag = most_specific.rpartition(":")
     return f"{repo}:{_clean(f'candidate-{tag}-{arch(platform)}')}"
 

@@ -2,15 +2,19 @@
 
 `build.py --bake-file DIR/docker-bake.json` lays out, next to the file:
 
-    DIR/docker-bake.json            JSON bake file: one target per engine and platform, one group per engine
-    DIR/contexts/<engine>-<arch>/   each target's complete build context (Dockerfile, worker/, context/,
+    DIR/docker-bake.json            JSON bake file: one target per engine, CUDA line and platform, one
+                                    group per engine
+    DIR/contexts/<target>/          each target's complete build context (Dockerfile, worker/, context/,
                                     wheels/ for that platform: nothing inside the build touches the network)
 
 Paths in the file are relative to DIR, so the directory can be copied or archived as a whole and
 built elsewhere: run bake from DIR (`cd DIR && docker buildx bake --load vllm`). A target is one
 platform (`vllm-amd64`, `vllm-arm64`), because each platform's context carries that platform's
 wheels and its worker-python stage starts FROM a Debian image of that architecture; the engine's
-group (`vllm`) builds all of them, and `default` builds every engine.
+group (`vllm`) builds all of them, and `default` builds every engine. An engine with CUDA lines (spec
+`base.cuda_lines`) has one target per line and platform: the default line's `<engine>-<arch>`, every
+other line's `<engine>-cu<major><minor>-<arch>` (`vllm-cu129-amd64`), each on its line's base and baking
+its line's driver floor.
 
 The targets are the platforms of the build plans (bakery.recipe.plan) build.py made from the specs and
 its flags; `read_target` makes a target's plan again from the file (bakery.release verifies with it).
@@ -43,6 +47,7 @@ from bakery.recipe.build_facts import BuildFacts
 from bakery.recipe.plan import BuildOptions, BuildPlan, make_plan
 from bakery.recipe.render import render, write_context
 from bakery.recipe.tags import arch, candidate_prefix
+from bakery.spec.cuda import VERSION_LABEL, CudaVariant
 from bakery.spec.dockerfile_values import CREATED_ARG, REVISION_ARG
 from bakery.spec.engine_spec import EngineSpec, load_engine
 from bakery.spec.image_ref import SHA256_DIGEST as DIGEST
@@ -58,9 +63,12 @@ _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<ref>\S+)(?:\s+AS\s+(?P<al
                    re.MULTILINE | re.IGNORECASE)
 
 
-def target_name(spec: EngineSpec, platform: str) -> str:
-    """A bake target's name: `<engine>-<arch>` (engine_of reads it back)."""
-    return f"{spec.name}-{arch(platform)}"
+def target_name(spec: EngineSpec, platform: str, cuda: CudaVariant | None = None) -> str:
+    """A bake target's name: `<engine>-<arch>` (an engine without CUDA lines, or its default line, as its
+    tags), or `<engine>-cu<major><minor>-<arch>` for another CUDA line (engine_of reads it back; bake allows
+    no '.' in a name)."""
+    line = f"-{cuda.target_part}" if cuda is not None and not cuda.default else ""
+    return f"{spec.name}{line}-{arch(platform)}"
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class TargetPlan:
 
     @property
     def name(self) -> str:
-        return target_name(self.plan.spec, self.platform)
+        return target_name(self.plan.spec, self.platform, self.plan.cuda)
 
     @property
     def context(self) -> str:
@@ -96,8 +104,11 @@ def plan_targets(plans: list[BuildPlan]) -> list[TargetPlan]:
 
 def bake_labels(target: TargetPlan) -> dict[str, str]:
     """Labels the bake file adds on top of the Dockerfile's own (which name engine, version, base)."""
-    return {VARIANT_LABEL: target.plan.variant, "ai.bakery.target": target.name,
-            "ai.bakery.bakery-version": __version__}
+    labels = {VARIANT_LABEL: target.plan.variant, "ai.bakery.target": target.name,
+              "ai.bakery.bakery-version": __version__}
+    if target.plan.cuda is not None:  # read_target reads the line back from it (the Dockerfile has it too)
+        labels[VERSION_LABEL] = target.plan.cuda.cuda
+    return labels
 
 
 def bake_args(build_args: dict[str, str]) -> dict[str, str]:
@@ -191,9 +202,12 @@ def target_of(bake: dict[str, Any], name: str, path: Path | str = "the bake file
     return targets[name]
 
 
-def engine_of(name: str) -> str:
-    """The engine of a target named `<engine>-<arch>` (target_name's form)."""
-    return name.rpartition("-")[0]
+def engine_of(name: str, cuda: str | None = None) -> str:
+    """The engine of a target named `<engine>-<arch>` or, for CUDA line `cuda`, `<engine>-cu<NNN>-<arch>`
+    (target_name's forms)."""
+    engine = name.rpartition("-")[0]
+    part = "-cu" + cuda.replace(".", "") if cuda else ""
+    return engine.removesuffix(part) if part and engine.endswith(part) else engine
 
 
 def read_target(bake_file: Path, name: str) -> TargetPlan:
@@ -201,11 +215,12 @@ def read_target(bake_file: Path, name: str) -> TargetPlan:
     (engine, platform, variant, revision, created, the tag's repository prefix); InputError when the
     target's tag is not the one that plan gives, i.e. the file is not bakery's for this checkout."""
     definition = target_of(load_bake_file(bake_file), name, bake_file)
-    spec = load_engine(engine_of(name))
+    cuda = definition.get("labels", {}).get(VERSION_LABEL)
+    spec = load_engine(engine_of(name, cuda))
     args = definition.get("args", {})
     variant = definition.get("labels", {}).get(VARIANT_LABEL, "production")
     candidate = definition["tags"][0]
-    options = BuildOptions(local=variant == "local", repository=candidate_prefix(candidate, spec))
+    options = BuildOptions(local=variant == "local", repository=candidate_prefix(candidate, spec), cuda=cuda)
     facts = BuildFacts(revision=args.get(REVISION_ARG, "unknown"), created=args.get(CREATED_ARG, "unknown"))
     target = TargetPlan(make_plan(spec, options, facts), definition["platforms"][0])
     if target.name != name or target.tag != candidate:

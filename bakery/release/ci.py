@@ -43,6 +43,7 @@ from bakery.recipe.plan import BuildOptions, choose_base, platforms_for
 from bakery.recipe.tags import check_repository, has_commit, release_tags, repository_prefix
 from bakery.release.bakefile import BASE_DIGEST_LABEL, BASE_NAME_LABEL, pinned_digest, read_target, target_name
 from bakery.release.provenance import is_attestation, push_with_provenance, read_back
+from bakery.spec.cuda import CudaVariant
 from bakery.spec.engine_spec import available_engines, load_engine
 from bakery.spec.image_ref import SHA256_DIGEST as DIGEST
 
@@ -74,6 +75,7 @@ class VerifiedRecord:
     # manifest inside it) and the attestation manifest in it that carries the builder's provenance.
     index_digest: str = ""
     attestation_digest: str = ""
+    cuda: str = ""  # the CUDA line the image is of (spec base.cuda_lines); "": an engine without lines
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -97,9 +99,11 @@ def matrix(engines: list[str], *, local: bool) -> dict[str, Any]:
     """GitHub's `strategy.matrix` for the image workflow: one entry per bake target."""
     include = []
     for spec in [load_engine(name) for name in engines]:
-        platforms = platforms_for(spec, choose_base(spec, BuildOptions(local=local)))
-        include += [{"engine": spec.name, "target": target_name(spec, platform), "platform": platform,
-                     "runner": RUNNERS[platform]} for platform in platforms]
+        for line in spec.base.cuda_variants or (None,):  # one target per CUDA line and platform
+            base = choose_base(spec, BuildOptions(local=local, cuda=line.cuda if line else None))
+            include += [{"engine": spec.name, "target": target_name(spec, platform, line), "platform": platform,
+                         "runner": RUNNERS[platform], **({"cuda": line.cuda} if line else {})}
+                        for platform in platforms_for(spec, base)]
     return {"include": include}
 
 
@@ -182,7 +186,8 @@ def verify_target(bake_file: Path, target: str, *, records: Path, push: bool = F
     tag_verified(image_id, tags, verified=True)
     record = VerifiedRecord(engine=engine, target=target, platform=platform, variant=variant,
                             repository=repository, revision=revision, image_id=image_id,
-                            checks_run=result.ran, tags=tags, base_image=base_image, base_digest=base_digest)
+                            checks_run=result.ran, tags=tags, base_image=base_image, base_digest=base_digest,
+                            cuda=plan.cuda.cuda if plan.cuda else "")
     if push and provenance_overrides is not None:
         pushed_image = push_with_provenance(bake_file, provenance_overrides, target, repository=repository,
                                             platform=platform, image_id=image_id, tag=tags[0], progress=_say)
@@ -212,6 +217,12 @@ class ManifestPlan:
     tags: list[str]
     sources: list[str]  # <repository>@<digest>, one per platform
     pinned: str | None = None  # the commit tag: written once, never moved
+    cuda: str = ""  # the CUDA line this release is of ("": an engine without lines)
+
+    def holds(self, record: VerifiedRecord) -> bool:
+        """Whether `record` is one of this release's images (same engine, same CUDA line)."""
+        line = record_line(record)
+        return (record.engine, line.cuda if line else "") == (self.engine, self.cuda)
 
     def command(self) -> list[str]:
         """The `docker buildx imagetools create` call that makes every tag at once (the GitHub path)."""
@@ -236,7 +247,8 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
     """
     if not records:
         raise InputError("no verified records: nothing passed the gate, so nothing is published")
-    by_engine: dict[str, list[VerifiedRecord]] = {}
+    by_engine: dict[tuple[str, str], list[VerifiedRecord]] = {}
+    lines: dict[tuple[str, str], CudaVariant | None] = {}
     for record in records:
         if record.version != RECORD_VERSION:
             raise InputError(f"{record.target}: record version {record.version}, expected {RECORD_VERSION}")
@@ -246,10 +258,14 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
             raise InputError(f"{record.target}: built on a {record.variant} base; {expected}")
         if not record.digest.startswith("sha256:") or not record.image_id.startswith("sha256:"):
             raise InputError(f"{record.target}: the record has no pushed digest; it was not pushed")
-        by_engine.setdefault(record.engine, []).append(record)
+        line = record_line(record)
+        key = (record.engine, line.cuda if line else "")
+        lines[key] = line
+        by_engine.setdefault(key, []).append(record)
     plans = []
-    for engine, group in sorted(by_engine.items()):
+    for (engine, cuda_version), group in sorted(by_engine.items()):
         spec = load_engine(engine)
+        line = lines[(engine, cuda_version)]
         platforms = [r.platform for r in group]
         if len(set(platforms)) != len(platforms):
             raise InputError(f"{engine}: two records for one platform ({', '.join(sorted(platforms))})")
@@ -263,14 +279,24 @@ def plan_manifests(records: list[VerifiedRecord], *, allow_partial: bool = False
                 raise InputError(f"{engine}: records disagree on {attr}: {', '.join(sorted(values))}")
         repository, revision = group[0].repository, group[0].revision
         check_repository(repository)
-        tags = release_tags(spec, repository=repository_prefix(repository, spec), variant=variant, revision=revision)
+        tags = release_tags(spec, repository=repository_prefix(repository, spec), variant=variant, revision=revision,
+                            cuda=line)
         ordered = sorted(group, key=lambda r: r.platform)
         pinned = tags[0] if has_commit(revision) else None
         # A record pushed with provenance lists its index, so the release index carries each platform's
         # attestation manifest too (imagetools create merges the entries of index sources).
         plans.append(ManifestPlan(engine, tags, [f"{repository}@{r.index_digest or r.digest}" for r in ordered],
-                                  pinned))
+                                  pinned, cuda_version))
     return plans
+
+
+def record_line(record: VerifiedRecord) -> CudaVariant | None:
+    """The CUDA line a record's image is of, as the spec has it now (a record naming none: the default
+    line, which is what an image of an engine's default target is); InputError for a line the spec lost."""
+    try:
+        return load_engine(record.engine).base.cuda_variant(record.cuda or None)
+    except ValueError as exc:
+        raise InputError(f"{record.target}: {exc}") from None
 
 
 def check_sources(records: list[VerifiedRecord], inspect: Callable[[str], dict[str, Any] | None]) -> None:
@@ -356,7 +382,7 @@ def assemble(records: list[VerifiedRecord], *, dry_run: bool = False, allow_part
     inspect = inspect or INSPECT[tool]
     check_sources(records, inspect)
     for plan in plans:
-        group = [r for r in records if r.engine == plan.engine]
+        group = [r for r in records if plan.holds(r)]
         existing = inspect(plan.pinned) if plan.pinned else None
         if existing is not None and not _holds(existing, group):
             raise VerificationError(f"{plan.pinned} already exists with other images: a commit tag is never moved")

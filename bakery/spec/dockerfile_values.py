@@ -104,7 +104,9 @@ def port(value: int) -> Token:
 
 
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-LABEL_NAME = r"[a-z0-9]+(?:[.-][a-z0-9]+)*"
+# Docker's advice (lower-case reverse DNS: letters, digits, '.', '-') plus '_' inside a component, as in the
+# issue-54 label ai.bakery.cuda.min_driver: none of them is special to a Dockerfile's LABEL.
+LABEL_NAME = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
 
 
 def comment(text: str) -> Token:

@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -31,8 +32,8 @@ from pydantic import (
 
 from bakery.errors import InputError
 from bakery.paths import IMAGES_DIR, REPO_ROOT
-from bakery.spec import dockerfile_values
-from bakery.spec.image_ref import ReferenceRefused, check_reference
+from bakery.spec import cuda, dockerfile_values
+from bakery.spec.image_ref import ReferenceRefused, check_reference, explicit_tag
 from bakery.spec.secrets import secret_reason, secret_value_reason
 
 # Where the specs are when no directory is passed: build.py --images-dir hands it to the gate this way.
@@ -54,7 +55,8 @@ KNOWN_MODEL_VARS = frozenset({*REQUIRED_BAKE, "MODEL_NAME", "MODEL_SERVER_URL"})
 # Launch-time variables a template must set; baking them would pin one model into the image.
 LAUNCH_ONLY = ("SERVERLESS",)
 # Baked by bakery.recipe.render from `name` and `engine:`; a spec stating them again could only disagree.
-BAKERY_OWN = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", "BAKERY_ENGINE_PROGRAM", "BAKERY_MODEL_VAR")
+BAKERY_OWN = ("BAKERY_ENGINE_CMD", "BAKERY_ENGINE_ARGS_VAR", "BAKERY_ENGINE_PROGRAM", "BAKERY_MODEL_VAR",
+              cuda.VERSION_VAR, cuda.MIN_DRIVER_VAR)
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A template under templates/: path components that cannot climb out or hold blanks.
@@ -129,6 +131,47 @@ class LocalLongAnswer(_Strict):
         return env_names(value)
 
 
+class CudaLine(_Strict):
+    """One CUDA line an engine publishes and this project carries: its CUDA version and its upstream base.
+
+    The default line's base is base.image (stated once); every other line names its own, tag-pinned (CI
+    resolves and records its digest at release, as for base.image).
+    """
+
+    cuda: StrictStr = Field(description="the line's CUDA version, major.minor (its driver floor: bakery/spec/cuda.py)")
+    image: StrictStr | None = Field(default=None, description="this line's upstream base, name:tag (not the default)")
+    default: StrictBool = Field(default=False, description="the line base.image is, named by the unsuffixed tags")
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda(cls, value: str) -> str:
+        cuda.min_driver(value)  # a version the driver table does not hold is refused here
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            check_reference(value)
+        except ReferenceRefused as exc:
+            raise ValueError(f"{value!r}: not a valid image reference: {exc}") from None
+        if explicit_tag(value) is None:
+            raise ValueError(f"{value!r}: pin the line's base by its upstream tag (name:tag); the digest is "
+                             "recorded at release")
+        return value
+
+    @model_validator(mode="after")
+    def _base(self) -> CudaLine:
+        if self.default and self.image is not None:
+            raise ValueError(f"image: the default line's base is base.image; remove image from line {self.cuda}")
+        if not self.default and self.image is None:
+            raise ValueError(f"image: missing: line {self.cuda} is not the default, so it needs its own upstream "
+                             "base (name:tag), or mark it default: true")
+        return self
+
+
 class BaseImage(_Strict):
     """The production base image and where it runs."""
 
@@ -160,6 +203,47 @@ class BaseImage(_Strict):
     local_long_answer: LocalLongAnswer | None = Field(
         default=None, description="a streamed answer in flight for seconds on the local base (the drain check)"
     )
+    cuda_lines: list[CudaLine] = Field(
+        default_factory=list,
+        description="the CUDA lines this project carries, one marked default (its base is base.image); none: "
+                    "the engine has no CUDA line (a CPU image) and is built once",
+    )
+
+    @field_validator("cuda_lines")
+    @classmethod
+    def _one_default(cls, lines: list[CudaLine]) -> list[CudaLine]:
+        if not lines:
+            return lines
+        defaults = [line.cuda for line in lines if line.default]
+        if len(defaults) != 1:
+            found = f"{len(defaults)} are ({', '.join(defaults)})" if defaults else "none is"
+            raise ValueError(f"exactly one line must be default: true (the one base.image is); {found}")
+        seen: set[str] = set()
+        for line in lines:
+            if line.cuda in seen:
+                raise ValueError(f"CUDA {line.cuda} is listed twice; keep one line per CUDA version")
+            seen.add(line.cuda)
+        return lines
+
+    @property
+    def cuda_variants(self) -> tuple[cuda.CudaVariant, ...]:
+        """The CUDA lines resolved (base, floor), the default first; empty for an engine without CUDA lines."""
+        resolved = [cuda.CudaVariant(line.cuda, line.image or self.image, line.default, cuda.min_driver(line.cuda))
+                    for line in self.cuda_lines]
+        return tuple(sorted(resolved, key=lambda v: not v.default))
+
+    def cuda_variant(self, version: str | None) -> cuda.CudaVariant | None:
+        """The CUDA line `version` names (None: the default line); None for an engine without CUDA lines.
+        ValueError naming the lines there are when `version` is not one of them."""
+        if not self.cuda_variants:
+            if version is not None:
+                raise ValueError(f"CUDA {version}: this engine has no CUDA lines (base.cuda_lines)")
+            return None
+        for item in self.cuda_variants:
+            if (version is None and item.default) or item.cuda == version:
+                return item
+        raise ValueError(f"CUDA {version}: not a line of this engine; choose one of "
+                         f"{', '.join(v.cuda for v in self.cuda_variants)}")
 
     @field_validator("image")
     @classmethod

@@ -105,6 +105,13 @@ def name_and_tag(ref: str) -> tuple[str, str]:
     return match.group("name"), match.group("tag") or "latest"
 
 
+def explicit_tag(ref: str) -> str | None:
+    """The tag `ref` names itself, or None (a bare name or a digest alone, which Docker reads differently)."""
+    match = _REFERENCE.fullmatch(check_reference(ref))
+    assert match is not None  # check_reference refused anything else
+    return match.group("tag")
+
+
 def check_reference(ref: str) -> str:
     """Return `ref` when it is a valid image reference; raise ReferenceRefused saying why otherwise."""
     if not isinstance(ref, str):

@@ -48,7 +48,7 @@ from bakery.upkeep import feeds
 class Change:
     """One value of a spec that a bump rewrites."""
 
-    key: str  # dotted path in the spec: version, base.image, upstream.tag
+    key: str  # dotted path in the spec: version, base.image, base.cuda_lines.<n>.image, upstream.tag
     old: str
     new: str
 
@@ -118,6 +118,10 @@ def plan(spec: EngineSpec, newest: str) -> tuple[Change, ...]:
     # A digest after the tag pins the old image: the new reference has none (CI resolves it at release).
     changes = [Change("version", old_version, new_version),
                Change("base.image", spec.base.image, f"{repository}:{new_tag}")]
+    # Every other CUDA line's base moves with the release too (each names it in its tag: v0.33.0-cu129).
+    for index, line in enumerate(spec.base.cuda_lines):
+        if line.image is not None:
+            changes.append(_line_change(spec, index, line.image, old_version, new_version))
     if spec.upstream.tag is not None:
         if old_version not in spec.upstream.tag:
             raise InputError(f"{spec.spec_path}: upstream.tag: {spec.upstream.tag!r} does not contain the version "
@@ -126,10 +130,30 @@ def plan(spec: EngineSpec, newest: str) -> tuple[Change, ...]:
     return tuple(changes)
 
 
+def _line_change(spec: EngineSpec, index: int, image: str, old_version: str, new_version: str) -> Change:
+    """The change that moves CUDA line `index`'s base to the new release (its tag holds the version)."""
+    key = f"base.cuda_lines.{index}.image"
+    repository, tag, _digest = _split_image(image)
+    if old_version not in tag:
+        raise InputError(f"{spec.spec_path}: {key}: the tag {tag!r} does not contain the version {old_version!r}, "
+                         "so the new tag cannot be derived; set it by hand")
+    return Change(key, image, f"{repository}:{tag.replace(old_version, new_version)}")
+
+
+def _read_back(spec: EngineSpec, key: str) -> str | None:
+    """The value at a Change's dotted `key` in a parsed spec."""
+    if key.startswith("base.cuda_lines."):
+        return spec.base.cuda_lines[int(key.split(".")[2])].image
+    return {"version": spec.version, "base.image": spec.base.image, "upstream.tag": spec.upstream.tag}[key]
+
+
 def _value_span(root: yaml.Node, key: str, source: str) -> tuple[int, int]:
-    """Character offsets of the scalar at dotted `key` in the composed document."""
+    """Character offsets of the scalar at dotted `key` in the composed document (a number indexes a list)."""
     node = root
     for part in key.split("."):
+        if isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            continue
         if not isinstance(node, yaml.MappingNode):
             raise InputError(f"{source}: {key}: not found as a mapping path")
         found = [value for name, value in node.value if isinstance(name, yaml.ScalarNode) and name.value == part]
@@ -169,8 +193,7 @@ def bump_spec(spec: EngineSpec, path: Path, newest_release: Callable[[ReleaseFee
     new_text = rewrite(text, changes, spec.spec_path)
     bumped = parse_spec(yaml.safe_load(new_text), spec.spec_path)
     wanted = {c.key: c.new for c in changes}
-    got = {"version": bumped.version, "base.image": bumped.base.image, "upstream.tag": bumped.upstream.tag}
-    if any(got[key] != value for key, value in wanted.items()):
+    if any(_read_back(bumped, key) != value for key, value in wanted.items()):
         raise InputError(f"{spec.spec_path}: the rewritten spec does not read back as the bump intended; "
                          "edit it by hand")
     return result, new_text

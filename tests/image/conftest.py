@@ -20,6 +20,7 @@ from bakery.build.verify import GATE_BASE_VAR
 from bakery.model.manifest import PATH_LABEL
 from bakery.recipe.render import baked_env
 from bakery.spec import engine_facts
+from bakery.spec.cuda import VERSION_LABEL
 from bakery.spec.engine_spec import EngineSpec, available_engines, load_engine
 from tests.image import stages
 from tests.image.launch import (
@@ -169,7 +170,9 @@ def image(engine: str, request: pytest.FixtureRequest, docker_client: docker.Doc
     """The image under test: the given id in gate mode, a fresh local build in suite mode."""
     spec = load_engine(engine)
     image_id = request.config.getoption("--bakery-image") or build_local_image(spec)
-    expected = baked_env(spec)
+    # The image of a CUDA line bakes that line's floor: expect the line its label names (none: the default).
+    labels = docker_client.images.get(image_id).attrs["Config"].get("Labels") or {}
+    expected = baked_env(spec, cuda=labels.get(VERSION_LABEL))
     if baked_model():  # the model variable's baked default (the model checks hold it to the manifest)
         expected[spec.engine.model_var] = baked_model() or ""
     return ImageUnderTest(engine=engine, spec=spec, image_id=image_id, expected_env=expected)

@@ -17,7 +17,7 @@ from bakery import __version__
 from bakery.bases.make import BASES
 from bakery.errors import InputError
 from bakery.recipe.build_facts import BuildFacts
-from bakery.recipe.plan import BuildOptions, host_platform, make_plan
+from bakery.recipe.plan import BuildOptions, every_line, host_platform
 from bakery.recipe.render import DEFAULT_RUNTIME_IMAGE
 from bakery.recipe.tags import is_release_tag
 from bakery.release.bakefile import (
@@ -28,6 +28,7 @@ from bakery.release.bakefile import (
     local_images,
     main,
     registry_bases,
+    target_name,
     write_bake_file,
 )
 from bakery.spec.engine_spec import available_engines, load_engine
@@ -38,7 +39,13 @@ FACTS = BuildFacts(revision=ARGS["BAKERY_REVISION"], created=ARGS["BAKERY_CREATE
 
 
 def plans(specs, **options):
-    return [make_plan(spec, BuildOptions(**options), FACTS) for spec in specs]
+    """Every target's plan, as build.py --bake-file makes them: one per CUDA line of each spec."""
+    return [plan for spec in specs for plan in every_line(spec, BuildOptions(**options), FACTS)]
+
+
+def lines_of(spec) -> tuple:
+    """The CUDA lines of a spec, or (None,) for an engine without: one bake target each per platform."""
+    return spec.base.cuda_variants or (None,)
 
 
 @pytest.fixture
@@ -65,11 +72,17 @@ def write(tmp_path: Path, wheelhouse, *, local: bool, repository: str = "ghcr.io
 
 def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fake_wheelhouse) -> None:
     path, bake = write(tmp_path, fake_wheelhouse, local=False)
-    expected = {f"{name}-{p.split('/')[1]}": (name, p) for name in available_engines()
-                for p in load_engine(name).base.platforms}
+    # One target per engine, CUDA line and platform; the default line (and a lineless engine) `<engine>-<arch>`.
+    expected = {}
+    for name in available_engines():
+        for line in lines_of(load_engine(name)):
+            for p in load_engine(name).base.platforms:
+                part = "" if line is None or line.default else f"-cu{line.cuda.replace('.', '')}"
+                expected[f"{name}{part}-{p.split('/')[1]}"] = (name, p, line)
     assert set(bake["target"]) == set(expected)
+    assert any(line is not None and not line.default for _n, _p, line in expected.values())
     assert bake["group"]["default"] == {"targets": sorted(available_engines())}
-    for name, (engine, platform) in expected.items():
+    for name, (engine, platform, line) in expected.items():
         assert name in bake["group"][engine]["targets"]
         target = bake["target"][name]
         spec = load_engine(engine)
@@ -78,13 +91,19 @@ def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fa
         # SOURCE_DATE_EPOCH is the `created` label's time, so BuildKit stamps the config with it too.
         assert target["args"] == {**ARGS, "SOURCE_DATE_EPOCH": "1767323045"}
         assert target["labels"] == {"ai.bakery.variant": "production", "ai.bakery.target": name,
-                                    "ai.bakery.bakery-version": __version__}
+                                    "ai.bakery.bakery-version": __version__,
+                                    **({"ai.bakery.cuda.version": line.cuda} if line else {})}
         arch = platform.split("/")[1]
-        assert target["tags"] == [f"ghcr.io/acme/{engine}:candidate-{spec.version}-bakery{__version__}-gabc1234-{arch}"]
+        suffix = f"-cuda{line.cuda}" if line is not None and not line.default else ""
+        assert target["tags"] == [f"ghcr.io/acme/{engine}:candidate-{spec.version}-bakery{__version__}-gabc1234"
+                                  f"{suffix}-{arch}"]
         assert not any(is_release_tag(t) for t in target["tags"]), "a bake-built image is a candidate, not a release"
         context = path.parent / target["context"]
         dockerfile = (context / "Dockerfile").read_text()
-        assert f"FROM {spec.base.image}\n" in dockerfile
+        assert f"FROM {line.image if line else spec.base.image}\n" in dockerfile
+        if line is not None:  # the line's floor is baked and labelled, from the driver table
+            assert f"BAKERY_CUDA_MIN_DRIVER='{line.min_driver}'" in dockerfile
+            assert f"ai.bakery.cuda.min_driver='{line.min_driver}'" in dockerfile
         assert f"FROM {DEFAULT_RUNTIME_IMAGE} AS worker-python" in dockerfile
         for part in ("worker/app/core.py", "context/make-venv.sh", "worker/requirements.txt"):
             assert (context / part).is_file(), part
@@ -95,12 +114,16 @@ def test_production_file_has_a_target_per_engine_and_platform(tmp_path: Path, fa
 def test_local_file_builds_on_the_local_bases_for_this_machine(tmp_path: Path, fake_wheelhouse) -> None:
     path, bake = write(tmp_path, fake_wheelhouse, local=True, repository="bakery")
     machine = host_platform()
-    assert set(bake["target"]) == {f"{name}-{machine.split('/')[1]}" for name in available_engines()}
+    assert set(bake["target"]) == {target_name(load_engine(name), machine, line) for name in available_engines()
+                                   for line in lines_of(load_engine(name))}
     for name, target in bake["target"].items():
-        spec = load_engine(engine_of(name))
+        spec = load_engine(engine_of(name, target["labels"].get("ai.bakery.cuda.version")))
         assert target["platforms"] == [machine]
         assert target["labels"]["ai.bakery.variant"] == "local"
-        assert target["tags"][0].endswith(f"-gabc1234-local-{machine.split('/')[1]}")
+        cuda = target["labels"].get("ai.bakery.cuda.version")
+        line = spec.base.cuda_variant(cuda)
+        suffix = f"-cuda{cuda}" if line is not None and not line.default else ""
+        assert target["tags"][0].endswith(f"-gabc1234{suffix}-local-{machine.split('/')[1]}")
         base = BASES[spec.base.local].ref
         assert f"FROM {base}\n" in (path.parent / target["context"] / "Dockerfile").read_text()
         assert local_images(path.parent, target) == [DEFAULT_RUNTIME_IMAGE, base]
@@ -230,6 +253,13 @@ def test_build_py_bake_file_option(tmp_path: Path, fake_wheelhouse, monkeypatch:
                      "--repository", "ghcr.io/acme"]) == 0
     bake = load_bake_file(path)
     assert bake["group"]["default"] == {"targets": ["llama", "vllm"]}
-    assert set(bake["target"]) == {"llama-amd64", "llama-arm64", "vllm-amd64", "vllm-arm64"}
+    vllm_lines = [line.cuda for line in load_engine("vllm").base.cuda_variants if not line.default]
+    assert vllm_lines, "vllm carries a CUDA line besides the default"
+    others = {f"vllm-cu{c.replace('.', '')}-{a}" for c in vllm_lines for a in ("amd64", "arm64")}
+    assert set(bake["target"]) == {"llama-amd64", "llama-arm64", "vllm-amd64", "vllm-arm64", *others}
+    path_one = tmp_path / "one" / "docker-bake.json"
+    assert build_py(["--engine", "vllm", "--cuda", vllm_lines[0], "--bake-file", str(path_one)]) == 0
+    assert set(load_bake_file(path_one)["target"]) == {f"vllm-cu{vllm_lines[0].replace('.', '')}-{a}"
+                                                       for a in ("amd64", "arm64")}
     assert "docker buildx bake" in capsys.readouterr().err
     assert build_py(["--engine", "vllm", "--bake-file", str(tmp_path / "b.hcl")]) == 2

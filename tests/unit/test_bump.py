@@ -150,15 +150,21 @@ def test_a_newer_release_is_an_exact_minimal_edit(tmp_path: Path, feeds: Feeds) 
     summary = tmp_path / "summary.md"
     proc = run(images, "--engine", "vllm", "--summary", str(summary), env=feeds.env())
     assert proc.returncode == 0, proc.stderr
+    # vLLM's CUDA 12.9 line (base.cuda_lines) names the release in its own base's tag: it moves too.
     assert proc.stdout == (f"{path}: version v0.32.0 -> v0.33.0; "
-                           "base.image vllm/vllm-openai:v0.32.0 -> vllm/vllm-openai:v0.33.0\n")
+                           "base.image vllm/vllm-openai:v0.32.0 -> vllm/vllm-openai:v0.33.0; "
+                           "base.cuda_lines.1.image vllm/vllm-openai:v0.32.0-cu129 -> vllm/vllm-openai:v0.33.0-cu129\n")
     after = path.read_text()
     assert changed_lines(before, after) == [("version: v0.32.0", "version: v0.33.0"),
-                                            ("  image: vllm/vllm-openai:v0.32.0", "  image: vllm/vllm-openai:v0.33.0")]
+                                            ("  image: vllm/vllm-openai:v0.32.0", "  image: vllm/vllm-openai:v0.33.0"),
+                                            ('    - {cuda: "12.9", image: "vllm/vllm-openai:v0.32.0-cu129"}',
+                                             '    - {cuda: "12.9", image: "vllm/vllm-openai:v0.33.0-cu129"}')]
     diff = [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    assert len(diff) == 4, diff  # two lines out, two in: every comment and key order kept
+    assert len(diff) == 6, diff  # three lines out, three in: every comment and key order kept
     assert load_spec_file(path).version == "v0.33.0"
+    assert [v.image for v in load_spec_file(path).base.cuda_variants] == ["vllm/vllm-openai:v0.33.0",
+                                                                         "vllm/vllm-openai:v0.33.0-cu129"]
     assert "- **vllm** 0.32.0 -> 0.33.0 (PyPI vllm):" in summary.read_text()
 
 
@@ -230,16 +236,29 @@ def test_paging_is_bounded(feeds: Feeds, monkeypatch: pytest.MonkeyPatch) -> Non
         upstream_feeds.registry_tags("ghcr.io/ggml-org/llama.cpp", "server-a{release}", "feed")
 
 
+def _lines_at(spec, version: str) -> list:
+    """The spec's CUDA lines with each own base's tag moved to `version`."""
+    return [line.model_copy(update={"image": line.image.replace(spec.version, version)}) if line.image else line
+            for line in spec.base.cuda_lines]
+
+
 def test_a_pinned_digest_is_dropped_and_upstream_tag_follows() -> None:
     spec = load_engine("vllm")
+    lines = _lines_at(spec, "v0.32.0")
     pinned = spec.model_copy(update={
         "version": "v0.32.0",
-        "base": spec.base.model_copy(update={"image": "vllm/vllm-openai:v0.32.0@sha256:" + "a" * 64}),
+        "base": spec.base.model_copy(update={"image": "vllm/vllm-openai:v0.32.0@sha256:" + "a" * 64,
+                                             "cuda_lines": lines}),
         "upstream": spec.upstream.model_copy(update={"tag": "release/v0.32.0"}),
     })
+    line_changes = tuple(bump.Change(f"base.cuda_lines.{index}.image", line.image,
+                                     line.image.replace("v0.32.0", "v0.33.0"))
+                         for index, line in enumerate(lines) if line.image)
+    assert line_changes, "vllm carries a CUDA line besides its default one"
     assert bump.plan(pinned, "0.33.0") == (
         bump.Change("version", "v0.32.0", "v0.33.0"),
         bump.Change("base.image", "vllm/vllm-openai:v0.32.0@sha256:" + "a" * 64, "vllm/vllm-openai:v0.33.0"),
+        *line_changes,
         bump.Change("upstream.tag", "release/v0.32.0", "release/v0.33.0"),
     )
     assert bump.plan(pinned, "0.32.0") == ()
@@ -256,11 +275,26 @@ def test_a_pinned_digest_is_dropped_and_upstream_tag_follows() -> None:
 def test_a_spec_the_rule_cannot_bump_is_refused(update: dict[str, str], message: str) -> None:
     spec = load_engine("vllm")
     changed = spec.model_copy(update={"version": update["version"]})
+    changed = changed.model_copy(update={"base": spec.base.model_copy(
+        update={"cuda_lines": _lines_at(spec, update["version"])})})
     if "image" in update:
         changed = changed.model_copy(update={"base": spec.base.model_copy(update={"image": update["image"]})})
     with pytest.raises(InputError) as raised:
         bump.plan(changed, "0.33.0")
     assert str(raised.value) == message
+
+
+def test_a_cuda_line_whose_tag_lacks_the_version_is_refused() -> None:
+    spec = load_engine("vllm")
+    index = next(i for i, line in enumerate(spec.base.cuda_lines) if line.image)
+    lines = list(spec.base.cuda_lines)
+    lines[index] = lines[index].model_copy(update={"image": "vllm/vllm-openai:latest-cu129"})
+    changed = spec.model_copy(update={"version": "v0.32.0", "base": spec.base.model_copy(
+        update={"image": "vllm/vllm-openai:v0.32.0", "cuda_lines": lines})})
+    with pytest.raises(InputError) as raised:
+        bump.plan(changed, "0.33.0")
+    assert str(raised.value) == (f"images/vllm.yaml: base.cuda_lines.{index}.image: the tag 'latest-cu129' does not "
+                                 "contain the version 'v0.32.0', so the new tag cannot be derived; set it by hand")
 
 
 def test_rewrite_touches_only_the_value_even_when_quoted_or_commented() -> None:

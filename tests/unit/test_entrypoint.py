@@ -194,7 +194,7 @@ def test_an_engine_without_an_adapter_runs_as_its_baked_program(monkeypatch: pyt
 def test_the_boot_runs_on_the_standard_library_alone() -> None:
     """The entry point, its supervision and the health check import the stdlib and the worker's
     stdlib-only config and stages, nothing installed: PID 1 starts fast and needs no package."""
-    allowed = set(sys.stdlib_module_names) | {"supervise", "config", "logs"}
+    allowed = set(sys.stdlib_module_names) | {"supervise", "driver", "config", "logs"}
     for path in sorted((REPO_ROOT / "worker" / "boot").glob("*.py")):
         imported = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

@@ -38,8 +38,14 @@ def test_production_plan(spec) -> None:
     assert plan.base.source == f"{spec.spec_path}: base.image"
     assert plan.platforms == tuple(spec.base.platforms)
     assert plan.repository == "ghcr.io/acme" and plan.image_repository == "ghcr.io/acme/vllm"
-    assert plan.tags == tuple(release_tags(spec, repository="ghcr.io/acme", variant="production", revision=REV))
+    default = spec.base.cuda_variant(None)
+    assert plan.cuda == default and default is not None and default.default
+    assert plan.tags == tuple(release_tags(spec, repository="ghcr.io/acme", variant="production", revision=REV,
+                                           cuda=default))
     assert plan.tags[-1] == "ghcr.io/acme/vllm:latest"
+    # The default line keeps the plain tags first, and gets its -cuda<version> ones too.
+    plain = release_tags(spec, repository="ghcr.io/acme", variant="production", revision=REV)
+    assert plan.tags[:3] == tuple(plain[:3]) and f"ghcr.io/acme/vllm:{spec.version}-cuda{default.cuda}" in plan.tags
     assert plan.platform_tag("linux/arm64") == f"{plan.tags[0]}-arm64"
     candidate = f"ghcr.io/acme/vllm:candidate-{spec.version}-bakery{__version__}-gabc1234-amd64"
     assert plan.candidate_tag("linux/amd64") == candidate
@@ -47,6 +53,26 @@ def test_production_plan(spec) -> None:
         "BAKERY_REVISION": REV, "BAKERY_CREATED": "2026-01-02T03:04:05Z"})
     # The plan renders what --render-only renders (the spec's own base when none is chosen).
     assert render(spec, plan.render).dockerfile == render(spec).dockerfile
+
+
+def test_each_cuda_line_plans_its_own_base_tags_and_floor(spec) -> None:
+    for line in spec.base.cuda_variants:
+        plan = make_plan(spec, BuildOptions(cuda=line.cuda), FACTS)
+        assert plan.cuda == line and plan.base.ref == line.image
+        assert plan.render.cuda == line.cuda and plan.render.base_image == line.image
+        suffixed = [t for t in plan.tags if t.endswith(f"-cuda{line.cuda}")]
+        assert suffixed and (set(plan.tags) == set(suffixed)) != line.default  # only the default has plain tags
+        assert ("bakery/vllm:latest" in plan.tags) == line.default
+        rendered = render(spec, plan.render)
+        assert rendered.baked_env["BAKERY_CUDA_MIN_DRIVER"] == str(line.min_driver)
+        assert rendered.labels["ai.bakery.cuda.version"] == line.cuda
+        local = make_plan(spec, BuildOptions(cuda=line.cuda, local=True), FACTS)
+        assert local.cuda == line and all(t.endswith(f"-cuda{line.cuda}-local") for t in local.tags
+                                          if f"cuda{line.cuda}" in t)
+    with pytest.raises(InputError, match=r"--cuda 9\.9: images/vllm\.yaml: base\.cuda_lines: CUDA 9\.9: not a line"):
+        make_plan(spec, BuildOptions(cuda="9.9"), FACTS)
+    assert len({make_plan(spec, BuildOptions(cuda=line.cuda), FACTS).candidate_tag("linux/amd64")
+                for line in spec.base.cuda_variants}) == len(spec.base.cuda_variants)
 
 
 def test_local_and_custom_plans(spec) -> None:

@@ -225,12 +225,34 @@ def test_assemble_creates_release_tags_from_verified_digests_only() -> None:
     records = [record(arch="arm64"), record(arch="amd64")]
     registry = Registry(records)
     plans = assemble(records, inspect=registry.inspect, run=registry.run)
+    # vLLM's default CUDA line: its plain tags first, then its -cuda<version> ones, then latest.
+    cuda = load_engine("vllm").base.cuda_variant(None).cuda
     tags = [f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234", f"ghcr.io/acme/vllm:{VV}-bakery{__version__}",
-            f"ghcr.io/acme/vllm:{VV}", "ghcr.io/acme/vllm:latest"]
+            f"ghcr.io/acme/vllm:{VV}", f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234-cuda{cuda}",
+            f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-cuda{cuda}", f"ghcr.io/acme/vllm:{VV}-cuda{cuda}",
+            "ghcr.io/acme/vllm:latest"]
     assert registry.commands == [["docker", "buildx", "imagetools", "create",
                                   *[a for t in tags for a in ("--tag", t)],
                                   f"ghcr.io/acme/vllm@{DIGEST['amd64']}", f"ghcr.io/acme/vllm@{DIGEST['arm64']}"]]
     assert plans[0].pinned == tags[0]
+
+
+def test_each_cuda_line_is_released_under_its_own_tags() -> None:
+    other = next(line for line in load_engine("vllm").base.cuda_variants if not line.default)
+    part = other.cuda.replace(".", "")
+    records = [record(arch="amd64"), record(arch="arm64"),
+               record(arch="amd64", cuda=other.cuda, target=f"vllm-cu{part}-amd64", image_id=IMAGE["arm64"],
+                      digest="sha256:" + "3" * 64),
+               record(arch="arm64", cuda=other.cuda, target=f"vllm-cu{part}-arm64", image_id=IMAGE["amd64"],
+                      digest="sha256:" + "4" * 64)]
+    plans = plan_manifests(records)
+    # A record naming no line is of the default one (what the default target's image is).
+    assert sorted(p.cuda for p in plans) == sorted([load_engine("vllm").base.cuda_variant(None).cuda, other.cuda])
+    line_plan = next(p for p in plans if p.cuda == other.cuda)
+    assert all(t.endswith(f"-cuda{other.cuda}") for t in line_plan.tags), "no plain tag, no latest"
+    assert line_plan.sources == [f"ghcr.io/acme/vllm@sha256:{'3' * 64}", f"ghcr.io/acme/vllm@sha256:{'4' * 64}"]
+    with pytest.raises(InputError, match="not a line of this engine"):
+        plan_manifests([record(arch="amd64", cuda="9.9")], allow_partial=True)
 
 
 def test_a_digest_holding_another_image_is_refused() -> None:
@@ -336,17 +358,20 @@ def test_assemble_cli_reads_record_directories(tmp_path: Path, monkeypatch: pyte
 
 def test_matrix_has_one_native_job_per_target() -> None:
     include = matrix(available_engines(), local=False)["include"]
-    expected = {(name, p) for name in available_engines() for p in load_engine(name).base.platforms}
-    assert {(m["engine"], m["platform"]) for m in include} == expected
+    expected = {(name, p, line.cuda if line else None) for name in available_engines()
+                for line in (load_engine(name).base.cuda_variants or (None,)) for p in load_engine(name).base.platforms}
+    assert {(m["engine"], m["platform"], m.get("cuda")) for m in include} == expected
     for entry in include:
-        assert entry["target"] == f"{entry['engine']}-{entry['platform'].split('/')[1]}"
+        line = load_engine(entry["engine"]).base.cuda_variant(entry.get("cuda"))
+        part = f"-cu{line.cuda.replace('.', '')}" if line is not None and not line.default else ""
+        assert entry["target"] == f"{entry['engine']}{part}-{entry['platform'].split('/')[1]}"
         assert entry["runner"] == ("ubuntu-24.04-arm" if entry["platform"] == "linux/arm64" else "ubuntu-24.04")
 
 
 def test_matrix_cli_prints_json(capsys) -> None:
     assert release.main(["matrix", "--engine", "vllm", "--local"]) == 0
     include = json.loads(capsys.readouterr().out)["include"]
-    assert [m["engine"] for m in include] == ["vllm"]
+    assert [m["engine"] for m in include] == ["vllm"] * len(load_engine("vllm").base.cuda_variants)
 
 
 # ---- the docker manifest path, rehearsal, and what both tools must agree on -----------------------
@@ -405,8 +430,12 @@ def test_rehearsal_takes_local_records_only_and_tags_them_local() -> None:
     with pytest.raises(InputError, match="this release takes local builds only"):
         plan_manifests([record(arch="amd64"), record(arch="arm64")], variant="local")
     plan = plan_manifests(local, variant="local")[0]
+    cuda = load_engine("vllm").base.cuda_variant(None).cuda  # the default line: plain tags, then its own
     assert plan.tags == [f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234-local",
-                         f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-local", f"ghcr.io/acme/vllm:{VV}-local"]
+                         f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-local", f"ghcr.io/acme/vllm:{VV}-local",
+                         f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-gabc1234-cuda{cuda}-local",
+                         f"ghcr.io/acme/vllm:{VV}-bakery{__version__}-cuda{cuda}-local",
+                         f"ghcr.io/acme/vllm:{VV}-cuda{cuda}-local"]
     assert plan.pinned == plan.tags[0]
 
 

@@ -29,6 +29,7 @@ from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # supervise.py, also when loaded by path (tests)
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the worker's stdlib-only config and stages
+import driver
 import supervise
 
 from config import table
@@ -196,6 +197,29 @@ def watch_stages(log: Path, env: Mapping[str, str]) -> None:
         say(f"bakery: the load's stages are not stamped: {exc}", sys.stderr)
 
 
+REFUSED_STATUS = 3  # the engine was refused (an older driver than the image's CUDA line needs)
+
+
+def driver_verdict(env: Mapping[str, str]) -> driver.Verdict:
+    """The host's driver against the image's baked CUDA floor (boot/driver.py), read through the table."""
+    errors: list[str] = []
+    floor = table.read(env, "BAKERY_CUDA_MIN_DRIVER", errors=errors)
+    if errors:
+        raise BootError(f"{errors[0]}: rebuild the image")
+    version, found = driver.read_version(Path(table.read(env, "BAKERY_DRIVER_VERSION_FILE")))
+    return driver.decide(version, found, table.text(env, "BAKERY_CUDA_VERSION"), floor)
+
+
+def refuse(engine: str, log: Path, verdict: driver.Verdict, *, exit_line: bool) -> None:
+    """Put the refusal in MODEL_LOG, and with `exit_line` the engine's exit line (a baked error line, which
+    makes the worker report itself errored; under SERVERLESS supervise.py writes it when the slot exits)."""
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(verdict.line + "\n")
+        if exit_line:
+            out.write(supervise.EXIT_LINE.format(name=engine, how=f"exit status {REFUSED_STATUS}",
+                                                 reason="refused: driver below the image's CUDA floor"))
+
+
 def main() -> int:
     """Boot the container; returns the exit status of the program that ended first."""
     try:
@@ -213,10 +237,19 @@ def main() -> int:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BootError("the entry point is already running in this container: one engine, one worker") from None
+        verdict = driver_verdict(env)
         rotate(log)
     except BootError as exc:
         say(f"bakery: {exc}", sys.stderr)
         return 2
+    say(verdict.line, sys.stdout if verdict.start else sys.stderr)
+    if not verdict.start:
+        refuse(engine, log, verdict, exit_line=not serverless)
+        if not serverless:
+            return REFUSED_STATUS
+        # The worker still starts, alone, to report the refusal (the exit line above is a baked error line);
+        # in the engine's slot a process that only exits, so the usual exit grace then stops the container.
+        argv = [sys.executable, "-c", f"raise SystemExit({REFUSED_STATUS})"]
     for stale in (READY_MARK, f"{engine}.pid", "worker.pid"):  # nothing of an earlier boot counts
         (RUN_DIR / stale).unlink(missing_ok=True)
     mode = "serverless: engine + worker on :3000" if serverless else "engine only (SERVERLESS is not true)"

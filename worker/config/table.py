@@ -58,6 +58,14 @@ VARIABLES: tuple[Var, ...] = (
     Var("BAKERY_ENGINE_CMD", "text", None, "exit", "entrypoint", "the engine's argv (JSON list)", "entry point"),
     Var("BAKERY_ENGINE_ARGS_VAR", "varname", None, "exit", "entrypoint",
         "the variable whose value is shell-split onto the argv", "entry point"),
+    # Baked by an image of a CUDA line (bakery/spec/cuda.py): the entry point refuses an older driver (boot/driver.py).
+    Var("BAKERY_CUDA_VERSION", "text", None, "none", "entrypoint", "the image's CUDA line (major.minor)",
+        "entry point"),
+    Var("BAKERY_CUDA_MIN_DRIVER", "digits", None, "exit", "entrypoint",
+        "the NVIDIA driver major the image's CUDA line needs at least", "entry point"),
+    # For tests only: where the driver's version is read (a container test supplies its own file there).
+    Var("BAKERY_DRIVER_VERSION_FILE", "text", "/proc/driver/nvidia/version", "none", "entrypoint",
+        "the NVIDIA driver's version file (tests only)", "entry point"),
     # Model id, first non-blank (core.model_id_vars; the variable BAKERY_MODEL_VAR names comes second).
     Var("MODEL_NAME", "text", None, "none", "core", "the served model id"),
     Var("VLLM_MODEL", "text", None, "none", "core", "upstream's vLLM model variable"),
