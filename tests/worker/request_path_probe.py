@@ -80,7 +80,14 @@ async def traced_request(worker: Any, ctx: Any, handlers: dict[str, Any], serve_
     finally:
         sys.setprofile(None)
     server.close()
-    return {"status": response.status, "body": response.body.decode(), "sdk_called": sorted(called)}
+    seen, called = sorted(called), set()
+    sys.setprofile(profile)  # the control: the same trace does see the SDK's code when it runs
+    try:
+        worker.backend.metrics._request_id(ctx.outcomes.new(1, 1, 0.0))
+    finally:
+        sys.setprofile(None)
+    return {"status": response.status, "body": response.body.decode(), "sdk_called": seen,
+            "control_called": sorted(called)}
 
 
 def main() -> int:

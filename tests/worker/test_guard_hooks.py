@@ -160,6 +160,6 @@ def test_the_hooks_pinned_here_are_rows_of_the_seam(facts: dict[str, Any]) -> No
     past the seam)."""
     attrs = {hook.attr for hook in sdk_seam.HOOKS}
     pinned = {"_Backend__check_signature", "_Backend__call_backend", "_fetch_pubkey",
-              "_Backend__pubkey_fetch_complete", "_model_loaded", "_request_reject",
+              "_Backend__pubkey_fetch_complete", "_model_loaded", "model_metrics.requests_deleting",
               "_Metrics__send_delete_requests_and_reset", "session", "web", "url"}
     assert pinned <= attrs, pinned - attrs

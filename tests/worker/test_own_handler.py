@@ -2,13 +2,13 @@
 
 Differential, in the worker venv: the same request meets the SDK's handler (vastai 1.9.1, the real
 method on a Backend, with the SDK's EndpointHandler of the route) and bakery's (its own parse, workload
-and answer, own_handler.Route), both made from the vLLM worker's own configuration, each with a recorder
-for Metrics. Every scenario the SDK's handler and parse distinguish (served; JSON it cannot parse; each
-missing or misshapen part of the envelope; a refused signature; a queue over max_queue_time; an engine
-call or a response that fails; a client gone mid-call) must give the same answer (status and body),
-the same outcome calls on Metrics in the same order with the same request state and workload, and the
-same engine calls. A session request goes to the SDK's handler (sessions are the SDK's). The whole worker
-test suite runs on bakery's handler besides (core.run installs it as every route's).
+and answer, own_handler.Route), both made from the vLLM worker's own configuration, each with a real SDK
+Metrics for the record. Every scenario the SDK's handler and parse distinguish (served; JSON it cannot
+parse; each missing or misshapen part of the envelope; a refused signature; a queue over max_queue_time;
+an engine call or a response that fails; a client gone mid-call) must give the same answer (status and
+body), the same record (counters, requests received, in flight and ended with their state and workload,
+the lines it logged), and the same engine calls. A session request goes to the SDK's handler (sessions
+are the SDK's). The whole worker test suite runs on bakery's handler besides.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from tests.worker.helpers import WORKER_DIR, baked_facts
 
 SCRIPT = textwrap.dedent("""
-    import asyncio, dataclasses, json, os, sys
+    import asyncio, dataclasses, json, logging, os, sys
     sys.path.insert(0, sys.argv[1])
     import vastai
     from collections import deque
@@ -38,23 +38,31 @@ SCRIPT = textwrap.dedent("""
     SCENARIO = [""]
     ROUTE = "/v1/completions"
 
-    class ModelMetrics:
-        wait_time = 0.0
+    from vastai.serverless.server.lib.data_types import ModelMetrics
+    from vastai.serverless.server.lib.metrics import Metrics
 
-    class Recorder:
-        def __init__(self, calls):
-            self.calls, self.model_metrics = calls, ModelMetrics()
-            self.system_metrics = SimpleNamespace(model_is_loaded=True)
-        def note(self, name, rm, *rest):
-            self.calls.append([name, rm.request_idx, rm.reqnum, rm.workload, rm.status, rm.success,
-                               rm.work_started_at > 0, *rest])
-        def _request_start(self, rm): self.note("start", rm)
-        def _request_end(self, rm): self.note("end", rm)
-        def _request_success(self, rm): self.note("success", rm)
-        def _request_errored(self, rm, message): self.note("errored", rm, message)
-        def _request_canceled(self, rm): self.note("canceled", rm)
-        def _request_reject(self, rm): self.note("reject", rm)
-        async def _Metrics__send_delete_requests_and_reset(self): pass  # what sdk_seam.Outcomes finds
+    class QueueMetrics(ModelMetrics):
+        wait_time = 0.0  # set per scenario (the real one sums what is in flight)
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append([record.levelname, record.getMessage()])
+
+    sdk_seam.metrics_logger().addHandler(Keep())
+    sdk_seam.metrics_logger().setLevel(logging.DEBUG)
+
+    def record(metrics):
+        # What the control plane holds of the request afterwards: the counters, what was received, what is in
+        # flight, what ended (each with its state), and the lines the record logged.
+        m = metrics.model_metrics
+        return {"counts": [m.workload_pending, m.workload_received, m.workload_served, m.workload_errored,
+                           m.workload_cancelled, m.workload_rejected],
+                "received": sorted(m.requests_recieved), "working": sorted(m.requests_working),
+                "ended": [[r.request_idx, r.reqnum, r.workload, r.status, r.success, r.work_started_at > 0,
+                           r.work_completed_at > 0] for r in m.requests_deleting],
+                "update_pending": metrics.update_pending, "lines": lines[:]}
 
     async def respond(request, answer):  # each route's response generator, the same for both handlers
         if SCENARIO[0] == "respond_fails":
@@ -83,7 +91,9 @@ SCRIPT = textwrap.dedent("""
 
     def backend(scenario, calls):
         b = object.__new__(Backend)
-        b.metrics = Recorder(calls)
+        b.metrics = Metrics()
+        b.metrics.model_metrics = QueueMetrics.empty()
+        b.metrics.system_metrics.model_is_loaded = True
         b.queue, b._queue_lock = deque(), asyncio.Lock()
         b.sessions, b._sessions_lock = {}, asyncio.Lock()
         b.metrics.model_metrics.wait_time = 601.0 if scenario == "queue_full" else 599.0
@@ -101,6 +111,7 @@ SCRIPT = textwrap.dedent("""
 
     async def run(scenario, own):
         calls = []
+        lines.clear()
         SCENARIO[0] = scenario
         b = backend(scenario, calls)
         request = Request(BODIES.get(scenario, json.dumps(GOOD)))
@@ -122,8 +133,8 @@ SCRIPT = textwrap.dedent("""
         try:
             response = await task
         except Exception as exc:  # an envelope neither parse can read: aiohttp answers 500
-            return {"raised": type(exc).__name__, "calls": calls}
-        return {"status": response.status, "body": response.text, "calls": calls}
+            return {"raised": type(exc).__name__, "calls": calls, "record": record(b.metrics)}
+        return {"status": response.status, "body": response.text, "calls": calls, "record": record(b.metrics)}
 
     async def main():
         out = {}
@@ -169,17 +180,21 @@ def test_the_scenarios_reach_every_branch(outcomes: dict) -> None:
                       "nothing": 422, "extra_keys": 200, "unsigned": 401, "queue_full": 429, "engine_fails": 500,
                       "respond_fails": 500, "cancelled": 499, "session": 410}
     names = {name: [call[0] for call in pair[0]["calls"]] for name, pair in outcomes.items()}
-    assert names["served"] == ["signature", "start", "engine", "success", "end"]
-    assert names["unsigned"] == ["signature", "reject"]
-    assert names["queue_full"] == ["signature", "reject"]
-    assert names["engine_fails"] == ["signature", "start", "engine", "errored", "end"]
-    assert names["cancelled"] == ["signature", "start", "engine", "canceled", "end"]
+    ended = {name: [entry[3] for entry in pair[0]["record"]["ended"]] for name, pair in outcomes.items()}
+    assert (names["served"], ended["served"]) == (["signature", "engine"], ["Success"])
+    assert (names["unsigned"], ended["unsigned"]) == (["signature"], ["Rejected"])
+    assert (names["queue_full"], ended["queue_full"]) == (["signature"], ["Rejected"])
+    assert (names["engine_fails"], ended["engine_fails"]) == (["signature", "engine"], ["Error"])
+    assert (names["cancelled"], ended["cancelled"]) == (["signature", "engine"], ["Cancelled"])
     assert names["invalid_json"] == names["missing"] == names["session"] == []
+    assert ended["invalid_json"] == ended["missing"] == ended["session"] == []
+    errored = outcomes["respond_fails"][0]["record"]["lines"]
+    assert ["ERROR", "Request 7 errored: Error in user response generator: the answer could not be written"] in errored
     refused = {name: json.loads(outcomes[name][0]["body"]) for name in
                ("missing", "auth_field_missing", "payload_not_object", "nothing")}
     assert refused == {"missing": {"payload": "field missing"},
                        "auth_field_missing": {"auth_data": {"url": "missing parameter"}},
                        "payload_not_object": {"payload": {"data": "payload must be a dictionary"}},
                        "nothing": {"auth_data": "field missing", "payload": "field missing"}}
-    served = outcomes["served"][0]["calls"]
-    assert served[1][3] > 0 and served[1][3] != 100.0  # the route's own workload counted, not the default
+    served = outcomes["served"][0]["record"]["ended"][0]
+    assert served[2] > 0 and served[2] != 100.0  # the route's own workload counted, not the default

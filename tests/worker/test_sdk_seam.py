@@ -119,7 +119,7 @@ def test_the_adapter_rule_sees_each_form(source: str) -> None:
 @pytest.mark.parametrize("source", [
     "backend._Backend__call_backend = f\n",
     "x = metrics._model_loaded\n",
-    "getattr(metrics, '_request_reject')\n",
+    "getattr(metrics, '_model_loaded')\n",
     "getattr(m, '_Metrics__send_metrics_and_reset')\n",
     "self._fetch_pubkey = f\n",
 ])

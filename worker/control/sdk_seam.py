@@ -112,7 +112,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("handler_factory", WORKER_MODULE, "EndpointHandlerFactory", "call", ("own_handler", "outcomes"),
          "the SDK's EndpointHandler of each route (made from bakery's HandlerConfig): bakery's route handler "
          "parses and answers with it; the outcomes guard counts a refused request's workload with it"),
-    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward"),
+    Hook("request_loggers", METRICS_MODULE, "log", "read", ("core", "forward", "outcomes"),
          "the module logger of the per-request lines (and BACKEND_MODULE's): their debug returns at once",
          required=False),
     Hook("json_data_exception", DATA_TYPES_MODULE, "JsonDataException", "read", ("own_handler", "uploads"),
@@ -128,11 +128,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook("handle_request", "Backend", "_Backend__handle_request", "call", ("sessions",),
          "the SDK's handling of a route request bound to a session (sessions are the SDK's): bakery's route "
          "handler (control/own_handler.py) hands it such a request, and serves every other itself"),
-    # The control plane's record of a request: Outcomes calls each where the SDK's own handler did.
-    *(Hook(f"request_{step}", "Metrics", f"_request_{step}", "call", ("outcomes",), f"a request's outcome: {why}")
-      for step, why in (("start", "in flight, its workload pending"), ("success", "served"),
-                        ("errored", "the engine call failed: 500"), ("canceled", "the client went away: 499"),
-                        ("end", "however it ended"), ("reject", "refused: 401, 429, or a guard's refusal"))),
+    # The control plane's record of a request: Outcomes moves these public counters as the SDK's Metrics does.
+    *(Hook(f"outcome_{name}", "Metrics", attr, "set", ("outcomes",), why) for name, attr, why in (
+        ("counts", "model_metrics.workload_pending", "the workload counters a status report is built from "
+                                                     "(pending, received, served, errored, cancelled, rejected)"),
+        ("received", "model_metrics.requests_recieved", "the request numbers received (the SDK's spelling)"),
+        ("deleting", "model_metrics.requests_deleting", "the ended requests the SDK sends the platform"),
+        ("last_served", "last_request_served", "when a request last ended"))),
     # admission.py's points of the aiohttp under the SDK's server (3.14.5, locked with it)
     *(Hook(key, f"aiohttp.{module}", attr, use, ("admission",), why) for key, module, attr, use, why in (
         ("site_factory", "web_runner", "BaseRunner.server", "read",
@@ -213,24 +215,87 @@ def _replace_in_module(key: str, who: str, value: Any) -> Any:
 
 class Outcomes:
     """The control plane's record of the requests, the one interface bakery's request path reports through:
-    a record made (`new`), its outcome (start, success, errored, canceled, end, reject: the SDK's Metrics
-    counts them for the status report), the queue estimate a request is checked against, and
-    `send_queued()` (the drain sends what is queued before the worker exits). A front process
-    has its own with the same methods (app/front_process.py)."""
+    a record made (`new`), its outcome (start, success, errored, canceled, end, reject), the queue estimate a
+    request is checked against, and `send_queued()` (the drain sends what is queued before the worker
+    exits). Each outcome moves the Metrics' public counters exactly as vastai 1.9.1's `Metrics._request_*`
+    does, with the same log lines (tests/worker/test_outcomes.py holds the two to the same state), so no
+    private SDK point is on a request's path. A front process has its own (app/front_process.py)."""
 
     def __init__(self, backend: Any, who: str = "outcomes") -> None:
-        metrics = _find(backend, "metrics", who)
+        self._metrics = metrics = _find(backend, "metrics", who)
         _, self._made = _module_hook("request_metrics", who)
-        self.model_metrics = _find(metrics, "model_metrics", who)
-        self.start, self.success, self.errored, self.canceled, self.end, self.reject = (
-            _find(metrics, key, who) for key in OUTCOME_KEYS)
+        self.model_metrics = metrics.model_metrics
         self.send_queued = _find(metrics, "send_outcomes", who)  # async: the queued outcomes sent now
         self._system = metrics.system_metrics
+        self._log = metrics_logger()
 
     def new(self, request_idx: Any, reqnum: Any, workload: float, entered: float | None = None) -> Any:
         """A request's record, as the SDK's handler makes it when the request comes in."""
         return self._made(request_idx=request_idx, reqnum=reqnum, workload=workload, status="Created",
                           entered_queue_at=time.time() if entered is None else entered)
+
+    @staticmethod
+    def _id(request: Any) -> str:
+        if request.is_session:
+            return f"Session {request.request_idx}"
+        if request.session:
+            return f"Request {request.session_reqnum} in Session {request.session.request_idx}"
+        return f"Request {request.request_idx}"
+
+    def start(self, request: Any) -> None:
+        """Forwarded to the engine: in flight, its workload pending and received."""
+        self._log.debug(f"Starting {self._id(request)}")
+        request.status = "Started"
+        counts = self.model_metrics
+        counts.workload_pending += request.workload
+        counts.workload_received += request.workload
+        if not request.session:
+            counts.requests_recieved.add(request.reqnum)
+            counts.requests_working[request.reqnum] = request
+        self._metrics.update_pending = True
+
+    def end(self, request: Any) -> None:
+        """Its handling ended, however it ended."""
+        self._log.debug(f"Ending {self._id(request)}")
+        counts = self.model_metrics
+        counts.workload_pending -= request.workload
+        if not request.session:
+            counts.requests_working.pop(request.reqnum, None)
+            counts.requests_deleting.append(request)
+        self._metrics.last_request_served = time.time()
+
+    def success(self, request: Any) -> None:
+        """Answered."""
+        self._log.debug(f"{self._id(request)} succeeded")
+        request.work_completed_at = time.time()
+        self.model_metrics.workload_served += request.workload
+        request.status, request.success = "Success", True
+        self._metrics.update_pending = True
+
+    def errored(self, request: Any, message: str) -> None:
+        """The engine call or the answer failed: a 500."""
+        self._log.error(f"{self._id(request)} errored: {message}")
+        request.work_completed_at = time.time()
+        self.model_metrics.workload_errored += request.workload
+        request.status, request.success = "Error", False
+        self._metrics.update_pending = True
+
+    def canceled(self, request: Any) -> None:
+        """The client went away: a 499."""
+        self._log.debug(f"Canceling {self._id(request)}")
+        self.model_metrics.workload_cancelled += request.workload
+        request.success, request.status = True, "Cancelled"
+
+    def reject(self, request: Any) -> None:
+        """Refused: 401, 429, or a guard's refusal."""
+        self._log.debug(f"Rejecting {self._id(request)}")
+        counts = self.model_metrics
+        counts.workload_rejected += request.workload
+        if not request.session:
+            counts.requests_recieved.add(request.reqnum)
+            counts.requests_deleting.append(request)
+        request.success, request.status = False, "Rejected"
+        self._metrics.update_pending = True
 
     def wait_time(self) -> float:
         """The queue estimate (control/queue_wait.py keeps it)."""
@@ -239,10 +304,6 @@ class Outcomes:
     def loaded(self) -> bool:
         """Whether the readiness benchmark ran (the SDK's loaded mark)."""
         return bool(self._system.model_is_loaded)
-
-
-OUTCOME_KEYS = ("request_start", "request_success", "request_errored", "request_canceled", "request_end",
-                "request_reject")
 
 
 class ControlPlane:
@@ -389,6 +450,13 @@ def json_data_exception() -> type:
 
 
 
+
+
+def metrics_logger() -> logging.Logger:
+    """The logger of the SDK's outcome lines in its metrics module (hook "request_loggers"), or one of the
+    same name's kind when the SDK changed."""
+    logger = getattr(sys.modules.get(METRICS_MODULE), BY_KEY["request_loggers"].attr, None)
+    return logger if isinstance(logger, logging.Logger) else logging.getLogger(METRICS_MODULE)
 
 
 def backend_logger() -> logging.Logger:
