@@ -229,14 +229,17 @@ class Containers:
         self.started: list[Launched] = []
 
     def launch(self, image: ImageUnderTest, env: dict[str, str], label: str, *, controlplane: bool = True,
-               withhold_fetches: int | None = None, hold: bool = False) -> Launched:
+               withhold_fetches: int | None = None, hold: bool = False,
+               run_options: dict[str, Any] | None = None) -> Launched:
         """Launch `image` (with the control-plane stand-in inside unless `controlplane` is False), with
-        the docker run options its base needs, within its base's bound on containers at once."""
+        the docker run options its base needs (and `run_options`, e.g. a bind mount), within its base's
+        bound on containers at once."""
         limit = engine_facts.facts(image.spec).max_launches
         if limit and on_local_base():
             _make_room(limit)
         launched = launch(self.client, image.image_id, env, f"{image.engine}-{label}", controlplane=controlplane,
-                          withhold_fetches=withhold_fetches, hold=hold, run_options=launch_options(image.spec))
+                          withhold_fetches=withhold_fetches, hold=hold,
+                          run_options={**launch_options(image.spec), **(run_options or {})})
         launched.program = engine_facts.facts(image.spec).program
         self.started.append(launched)
         _LIVE.append(launched)

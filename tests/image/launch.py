@@ -271,17 +271,22 @@ class Launched:
                 self.first_answer = result
         return {result["name"]: result for result in results}
 
-    def records(self, path: str | None = None) -> list[dict[str, Any]]:
-        """Every request the stand-in recorded (optionally one path), read with the Docker API so it
-        works after the container exited too."""
+    def archived_text(self, path: str) -> str | None:
+        """A file's content inside the container, None when absent, read with the Docker API so it
+        works after the container exited too (file_text needs it running)."""
         try:
-            chunks, _ = self.container.get_archive(CONTROLPLANE_RECORDS)
+            chunks, _ = self.container.get_archive(path)
         except docker.errors.NotFound:
-            return []
+            return None
         with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
             member = tar.next()
             handle = tar.extractfile(member) if member else None
-            text = handle.read().decode("utf-8", "replace") if handle else ""
+            return handle.read().decode("utf-8", "replace") if handle else ""
+
+    def records(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Every request the stand-in recorded (optionally one path), read with the Docker API so it
+        works after the container exited too."""
+        text = self.archived_text(CONTROLPLANE_RECORDS) or ""
         entries = []
         for line in text.splitlines():
             try:
