@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import signing
+from .launching import parse_records
 
 RECORDS = "records.jsonl"
 KEY = "key.pem"
@@ -116,17 +117,6 @@ class State:
     def records(self) -> list[dict[str, Any]]:
         """Every recorded request so far, oldest first."""
         return parse_records(self.records_path.read_text(encoding="utf-8") if self.records_path.exists() else "")
-
-
-def parse_records(text: str) -> list[dict[str, Any]]:
-    """Records from the JSON-lines text (a last line still being written is skipped)."""
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _body(raw: bytes) -> Any:

@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -29,29 +28,23 @@ import testinfra
 from bakery.build.verify import GATE_BAKED_MODEL_VAR, GATE_BASE_VAR, GATE_MODEL_VAR
 from bakery.spec.engine_facts import facts
 from bakery.spec.engine_spec import EngineSpec
+from tests.controlplane.launching import (  # noqa: F401 - re-exported: the gate's checks import them from here
+    BENCHMARK_ENV,
+    CONTROLPLANE_ADDR,
+    CONTROLPLANE_PORT,
+    CONTROLPLANE_RECORDS,
+    CONTROLPLANE_ROOT,
+    CONTROLPLANE_SOURCE,
+    CONTROLPLANE_STATE,
+    PLATFORM_ENV,
+    WORKER_PYTHON,
+    controlplane_archive,
+    is_ready_report,
+    parse_records,
+)
 
-CONTROLPLANE_SOURCE = Path(__file__).resolve().parents[1] / "controlplane"
-# Where the stand-in lives inside the container under test (put there before the container starts).
-CONTROLPLANE_ROOT = "/tmp/bakery-gate"
-CONTROLPLANE_STATE = f"{CONTROLPLANE_ROOT}/state"
-CONTROLPLANE_RECORDS = f"{CONTROLPLANE_STATE}/records.jsonl"
-CONTROLPLANE_PORT = 18200
-CONTROLPLANE_ADDR = f"http://127.0.0.1:{CONTROLPLANE_PORT}"
 # Nobody answers here: the offline (UNSECURED=true) launch of the README.
 OFFLINE_ADDR = "http://127.0.0.1:9"
-# What the platform sets at a real serverless launch (docs/sdk.md "Environment read at start"):
-# security on (no UNSECURED), REPORT_ADDR at the control plane (the in-container stand-in), plain
-# HTTP on the worker port.
-PLATFORM_ENV = {
-    "CONTAINER_ID": "1",
-    "REPORT_ADDR": CONTROLPLANE_ADDR,
-    "PUBLIC_IPADDR": "127.0.0.1",
-    "WORKER_PORT": "3000",
-    "VAST_TCP_PORT_3000": "3000",
-    "USE_SSL": "false",
-}
-# Test sizing, not configuration: a one-request benchmark so a CPU model is ready in seconds.
-BENCHMARK_ENV = {"BENCHMARK_RUNS": "1", "BENCHMARK_CONCURRENCY": "1", "BENCHMARK_MAX_TOKENS": "8"}
 # When the engine dies the container stops after this grace; on a production base without a GPU the
 # engine dies at once, and the resolution checks need the worker up meanwhile.
 GRACE_ENV = {"BAKERY_EXIT_GRACE": "60"}
@@ -62,7 +55,6 @@ BOUNDS_ENV = {"BAKERY_SEND_TIMEOUT": str(SEND_TIMEOUT)}
 BENCHMARK_FILE = "/var/lib/bakery/worker/.has_benchmark"
 HEALTH_COMMAND = "/opt/bakery/worker/boot/health.py"  # the image's HEALTHCHECK runs it with WORKER_PYTHON
 HEALTH_WAIT = 90.0  # Docker runs it every 10 s; a loaded machine delays a run (and so its verdict)
-WORKER_PYTHON = "/opt/bakery/venv/bin/python"
 CLIENT = "/opt/bakery/worker/workers/openai/client.py"
 RUN_DIR = "/run/bakery"  # the entry point writes <program>.pid here (worker/boot/supervise.py)
 # Every container the gate starts carries TEST_LABEL and RUN_LABEL=<this process's run id>, so a run
@@ -129,37 +121,6 @@ def serverless_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
 def offline_env(spec: EngineSpec, **overrides: str) -> dict[str, str]:
     """The offline launch the README documents: UNSECURED=true and a REPORT_ADDR nobody answers."""
     return serverless_env(spec, UNSECURED="true", REPORT_ADDR=OFFLINE_ADDR, **overrides)
-
-
-def is_ready_report(body: Any) -> bool:
-    """What the platform reads as a loaded worker: a status with loadtime > 0, max_perf > 0, no error."""
-    return (isinstance(body, dict) and _number(body.get("loadtime")) > 0 and _number(body.get("max_perf")) > 0
-            and not body.get("error_msg"))
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def controlplane_archive(key_pem: bytes | None = None) -> bytes:
-    """tests/controlplane's Python files as a tar rooted at bakery-gate/controlplane/ (put into /tmp of
-    the container), with `key_pem` as the stand-in's private key when given (else it makes one at
-    start, which takes about a second)."""
-    buf = io.BytesIO()
-    now = int(time.time())
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        files = [(f"bakery-gate/controlplane/{path.name}", path.read_bytes(), 0o644)
-                 for path in sorted(CONTROLPLANE_SOURCE.glob("*.py"))]
-        if key_pem is not None:
-            state = tarfile.TarInfo("bakery-gate/state")
-            state.type, state.mode, state.mtime = tarfile.DIRTYPE, 0o700, now
-            tar.addfile(state)
-            files.append(("bakery-gate/state/key.pem", key_pem, 0o600))
-        for name, data, mode in files:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, now
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @dataclass
@@ -286,13 +247,7 @@ class Launched:
     def records(self, path: str | None = None) -> list[dict[str, Any]]:
         """Every request the stand-in recorded (optionally one path), read with the Docker API so it
         works after the container exited too."""
-        text = self.archived_text(CONTROLPLANE_RECORDS) or ""
-        entries = []
-        for line in text.splitlines():
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                continue  # a line still being written
+        entries = parse_records(self.archived_text(CONTROLPLANE_RECORDS) or "")
         return [e for e in entries if path is None or e.get("path") == path]
 
     def reports(self) -> list[dict[str, Any]]:
