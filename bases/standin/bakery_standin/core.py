@@ -448,6 +448,8 @@ class EngineProfile:
     answer_nulls: ClassVar[dict[str, tuple[str, ...]]] = {}
     fingerprint_in_chunks = True
     finish_delta_content: str | None = None
+    # /health's content type (None: the answer has none), for its empty body.
+    health_content_type: str | None = "application/json"
     # A body that is not JSON, and a missing field: the error type and the parameter named.
     validation_kind = "BadRequestError"
 
@@ -541,11 +543,12 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def send_head(self, status: int, content_type: str, length: int | None) -> None:
+    def send_head(self, status: int, content_type: str | None, length: int | None) -> None:
         self.send_response_only(status)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
-        self.send_header("content-type", content_type)
+        if content_type is not None:
+            self.send_header("content-type", content_type)
         if length is None:
             self.send_header("transfer-encoding", "chunked")
         else:
@@ -564,8 +567,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_head(status, "application/json", len(data))
         self.wfile.write(data)
 
-    def send_empty(self, status: int) -> None:
-        self.send_head(status, "application/json", 0)
+    def send_empty(self, status: int, content_type: str | None = "application/json") -> None:
+        self.send_head(status, content_type, 0)
 
     def send_error_json(self, status: int, message: str, kind: str = "BadRequestError",
                         param: str | None = None) -> None:
@@ -658,7 +661,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _health(h: Handler, _body: dict[str, Any]) -> None:
-    h.send_empty(200 if h.server.state.value == State.READY else 503)
+    h.send_empty(200 if h.server.state.value == State.READY else 503, h.server.profile.health_content_type)
 
 
 def _models(h: Handler, _body: dict[str, Any]) -> None:

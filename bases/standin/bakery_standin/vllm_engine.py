@@ -122,6 +122,7 @@ class VllmProfile(EngineProfile):
     }
     fingerprint_in_chunks = False  # only the usage chunk carries it
     finish_delta_content = ""  # a chat's finish chunk has content "", not an empty delta
+    health_content_type = None  # `Response(status_code=200)`: no content type, an empty body
 
     def error_body(self, status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
         # vLLM's ErrorResponse: the error object nested under "error".
