@@ -472,6 +472,10 @@ class EngineProfile:
     def check_max_tokens(self, max_tokens: int | None, max_model_len: int) -> None:
         """Refuse a max_tokens the engine refuses on its own, before the context check (none here)."""
 
+    def missing_prompt(self) -> RequestError:
+        """The error for a completion without a prompt (or with an empty one)."""
+        return RequestError(400, "prompt must be a string or a list of strings.")
+
     def nulls(self, where: str) -> dict[str, None]:
         """The always-null fields of one part of an answer."""
         return dict.fromkeys(self.answer_nulls.get(where, ()))
@@ -801,6 +805,8 @@ def _completions(h: Handler, body: dict[str, Any]) -> None:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         prompt = "\n".join(prompt)
+    if prompt is None or prompt == "":
+        raise h.server.profile.missing_prompt()
     if not isinstance(prompt, str):
         raise RequestError(400, "prompt must be a string or a list of strings.")
     _generate(h, "text", prompt, count_tokens(prompt), body, _max_tokens(body, "max_tokens"))

@@ -146,6 +146,12 @@ class VllmProfile(EngineProfile):
                                f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
                                "BadRequestError", "max_tokens")
 
+    def missing_prompt(self) -> RequestError:
+        # The completion request's own validator raises a VLLMValidationError, which is no ValueError:
+        # pydantic lets it through and vLLM's own handler answers it (BadRequestError, its parameter).
+        return RequestError(400, "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+                            "BadRequestError", "prompt")
+
     def model_card_extra(self, cfg: ServeConfig) -> dict[str, Any]:
         return {"permission": [{
             "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": int(time.time()),
