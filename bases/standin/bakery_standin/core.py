@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -274,9 +276,21 @@ def reply_tokens(seed: str, count: int) -> list[str]:
     return tokens[:count]
 
 
+# The pieces a byte-level BPE tokenizer (SmolLM2's, GPT-2's kind) splits text into before merging: a
+# run of letters with the space before it, each digit on its own, each other symbol with the space
+# before it, a run of whitespace.
+_PIECES = re.compile(r" ?[^\W\d_]+|\d| ?[^\w\s]|_|\s+")
+LETTERS_PER_TOKEN = 8  # a run of letters longer than a word of the vocabulary takes several tokens
+
+
 def count_tokens(text: str) -> int:
-    """A rough token count (whitespace words), enough for `usage` and context-length checks."""
-    return len(text.split())
+    """An estimate of a byte-level BPE tokenizer's count, for `usage` and the context check.
+
+    Close for prose (a word is a token), and never a word count where there are no spaces: digits
+    are a token each and a long run of letters several, so a document of numbers or code that is
+    longer than the context is refused as the real engine refuses it."""
+    return sum(math.ceil(len(piece.strip() or piece) / LETTERS_PER_TOKEN) if piece[-1].isalpha() else 1
+               for piece in _PIECES.findall(text))
 
 
 def message_text(messages: list[Any]) -> str:
@@ -471,6 +485,18 @@ class EngineProfile:
 
     def check_max_tokens(self, max_tokens: int | None, max_model_len: int) -> None:
         """Refuse a max_tokens the engine refuses on its own, before the context check (none here)."""
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, count: int, max_model_len: int) -> int:
+        """Refuse a request the context cannot hold; return the tokens to generate (at most `count`).
+
+        Here the prompt and the tokens asked for (max_tokens, else the full answer) must fit together."""
+        wanted = max_tokens or count
+        if prompt_tokens + wanted > max_model_len:
+            raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. "
+                               f"However, you requested {prompt_tokens + wanted} tokens "
+                               f"({prompt_tokens} in the messages, {wanted} in the "
+                               "completion). Please reduce the length of the messages or completion.")
+        return count
 
     def missing_prompt(self) -> RequestError:
         """The error for a completion without a prompt (or with an empty one)."""
@@ -701,13 +727,9 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     """Answer a completion (`kind` "text") or chat completion (`kind` "chat"), streaming or not."""
     cfg, opts, profile = h.server.cfg, h.server.opts, h.server.profile
     full = opts.reply_tokens
-    count = min(full, max_tokens) if max_tokens else full
     profile.check_max_tokens(max_tokens, cfg.max_model_len)
-    if prompt_tokens + (max_tokens or count) > cfg.max_model_len:
-        raise RequestError(400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
-                           f"However, you requested {prompt_tokens + (max_tokens or count)} tokens "
-                           f"({prompt_tokens} in the messages, {max_tokens or count} in the "
-                           "completion). Please reduce the length of the messages or completion.")
+    count = profile.check_context(prompt_tokens, max_tokens, min(full, max_tokens) if max_tokens else full,
+                                  cfg.max_model_len)
     finish = "length" if count < full else "stop"
     n = _n_choices(body)
     choices = [reply_tokens(f"{seed}\x00{i}" if i else seed, count) for i in range(n)]

@@ -146,6 +146,16 @@ class VllmProfile(EngineProfile):
                                f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
                                "BadRequestError", "max_tokens")
 
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, count: int, max_model_len: int) -> int:
+        # vLLM 0.32 refuses a prompt longer than the context (its renderer's token check, parameter
+        # input_tokens) and otherwise lowers max_tokens to what is left of the context.
+        if prompt_tokens > max_model_len:
+            raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
+                               f"your prompt contains {prompt_tokens} input tokens, which exceeds this limit even "
+                               "without any output tokens. Please reduce the length of the input prompt. "
+                               f"(parameter=input_tokens, value={prompt_tokens})", "BadRequestError", "input_tokens")
+        return max(1, min(count, max_model_len - prompt_tokens))
+
     def missing_prompt(self) -> RequestError:
         # The completion request's own validator raises a VLLMValidationError, which is no ValueError:
         # pydantic lets it through and vLLM's own handler answers it (BadRequestError, its parameter).
