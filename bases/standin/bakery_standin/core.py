@@ -458,9 +458,13 @@ class EngineProfile:
     # tests/bases/test_vllm_differential.py): fields always sent as null, by where they go
     # ("completion", "chat", "text_choice", "chat_choice", "message", "usage", "first_chunk",
     # "chat_chunk_choice", "text_chunk_choice", "chat_finish_choice", "text_finish_choice"); whether
-    # every chunk carries system_fingerprint (else only the usage chunk); what a chat's finish chunk's delta holds.
+    # every chunk carries system_fingerprint (else only the last: the usage chunk, or without one the
+    # finish chunk); whether a stream cut by max_tokens sends its finish_reason with the last token
+    # (else in a chunk of its own, as a stream that stops always does); what a chat's own finish
+    # chunk's delta holds.
     answer_nulls: ClassVar[dict[str, tuple[str, ...]]] = {}
     fingerprint_in_chunks = True
+    finish_with_last_token = False
     finish_delta_content: str | None = None
     # /health's content type (None: the answer has none), for its empty body.
     health_content_type: str | None = "application/json"
@@ -782,11 +786,21 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     if kind == "chat":
         events += [({**head, "choices": [choice(i, "", None, role=True)], **profile.nulls("first_chunk")}, False)
                    for i in range(n)]
-    for step in range(count):
-        events += [({**head, "choices": [choice(i, tokens[step], None)]}, i == 0) for i, tokens in enumerate(choices)]
-    events += [({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False) for i in range(n)]
     options = body.get("stream_options") or {}
-    if isinstance(options, dict) and options.get("include_usage"):
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    # Without a usage chunk after them the finish chunks end the stream, and carry the fingerprint.
+    last_head = head if include_usage else {**head, "system_fingerprint": fingerprint}
+    # Cut by max_tokens, the last token's chunk carries finish_reason; a stop is a step of its own
+    # (the end-of-sequence token, no text).
+    joined = profile.finish_with_last_token and finish == "length"
+    for step in range(count):
+        last = joined and step == count - 1
+        events += [({**(last_head if last else head), "choices": [choice(i, tokens[step], finish if last else None)]},
+                    i == 0) for i, tokens in enumerate(choices)]
+    if not joined:
+        events += [({**last_head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False)
+                   for i in range(n)]
+    if include_usage:
         events.append(({**head, "system_fingerprint": fingerprint, "choices": [], "usage": usage}, False))
     events.append(("[DONE]", False))
     _stream(h, events, seed)

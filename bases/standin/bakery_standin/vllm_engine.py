@@ -120,8 +120,11 @@ class VllmProfile(EngineProfile):
         "chat_finish_choice": ("stop_reason", "token_ids"),
         "text_finish_choice": ("prompt_token_ids", "stop_reason", "token_ids"),
     }
-    fingerprint_in_chunks = False  # only the usage chunk carries it
-    finish_delta_content = ""  # a chat's finish chunk has content "", not an empty delta
+    fingerprint_in_chunks = False  # only the last chunk carries it: the usage chunk, else the finish chunk
+    # vLLM sends finish_reason with the step that finishes: the last token when max_tokens cuts the
+    # answer, the end-of-sequence token (no text: a chat's delta has content "") when it stops.
+    finish_with_last_token = True
+    finish_delta_content = ""
     health_content_type = None  # `Response(status_code=200)`: no content type, an empty body
 
     def error_body(self, status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
