@@ -280,7 +280,11 @@ def reply_tokens(seed: str, count: int) -> list[str]:
 # run of letters with the space before it, each digit on its own, each other symbol with the space
 # before it, a run of whitespace.
 _PIECES = re.compile(r" ?[^\W\d_]+|\d| ?[^\w\s]|_|\s+")
-LETTERS_PER_TOKEN = 8  # a run of letters longer than a word of the vocabulary takes several tokens
+# A run of letters up to WORD_LETTERS long is taken for a word of the vocabulary, one token; a longer
+# one for LETTERS_PER_TOKEN letters a token. Against SmolLM2's tokenizer: prose and numbers exact, 250
+# tokens for 1,000 x's and 16 for two words of 34 and 28 letters exact, prose of long words +27 %.
+WORD_LETTERS = 16
+LETTERS_PER_TOKEN = 4
 
 
 def count_tokens(text: str) -> int:
@@ -289,8 +293,11 @@ def count_tokens(text: str) -> int:
     Close for prose (a word is a token), and never a word count where there are no spaces: digits
     are a token each and a long run of letters several, so a document of numbers or code that is
     longer than the context is refused as the real engine refuses it."""
-    return sum(math.ceil(len(piece.strip() or piece) / LETTERS_PER_TOKEN) if piece[-1].isalpha() else 1
-               for piece in _PIECES.findall(text))
+    return sum(_letters_tokens(len(piece.strip())) if piece[-1].isalpha() else 1 for piece in _PIECES.findall(text))
+
+
+def _letters_tokens(letters: int) -> int:
+    return 1 if letters <= WORD_LETTERS else math.ceil(letters / LETTERS_PER_TOKEN)
 
 
 def message_text(messages: list[Any]) -> str:
