@@ -6,9 +6,11 @@ in the real vLLM and compares the two.
 usage: python3 engine_probe.py CASES_JSON ENGINE_ARGV...
 
 Printed (one JSON object per line, prefixed with PROBE so they stand out of the engine's output):
-  {"health": STATE, "t": seconds}   each change of /health: "refused", or "<status> <body>"
+  {"health": STATE, "t": seconds}   each change of /health: "refused", or "<status> <content type> <body>"
+                                    (the content type "-" when the answer has none)
   {"exit": code, "t": seconds}      the engine exited before it answered (a load failure)
-  {"case": name, ...}               one request's result: status, content type, JSON shape or SSE chunk shapes
+  {"case": name, ...}               one request's result: status, content type, JSON shape or SSE chunk
+                                    shapes; an error's type, param and code; a stream's last chunks
   {"battery_done": true}            the battery ran; the engine keeps running
   {"stopped": code, "t": seconds}   SIGTERM (docker stop) was passed on to the engine, which exited
 """
@@ -62,10 +64,37 @@ def request(method: str, path: str, body: Any = None, raw: str | None = None) ->
 
 def health() -> str:
     try:
-        status, _, body = request("GET", "/health")
+        status, ctype, body = request("GET", "/health")
     except OSError:
         return "refused"
-    return f"{status} {body.decode(errors='replace')[:200]}"
+    return f"{status} {ctype or '-'} {body.decode(errors='replace')[:200]}"
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    return "".join(str(choice.get("delta", {}).get("content") or choice.get("text") or "")
+                   for choice in chunk.get("choices", []))
+
+
+def stream_end(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """How a stream ends, which the chunk shapes' union cannot show: the last chunk's shape, and the
+    last chunk that carries choices (the one a client reads finish_reason from): its shape, its
+    finish_reason values and whether it carries text of its own."""
+    with_choices = [c for c in chunks if c.get("choices")]
+    last = with_choices[-1] if with_choices else {}
+    return {"last_chunk": shape(chunks[-1]) if chunks else None,
+            "finish_chunk": {"shape": shape(last),
+                             "finish_reason": [choice.get("finish_reason") for choice in last.get("choices", [])],
+                             "carries_text": bool(_chunk_text(last))}}
+
+
+def error_fields(parsed: Any) -> dict[str, Any] | None:
+    """An error answer's fields other than its wording: type, param and code, with their values."""
+    if not isinstance(parsed, dict):
+        return None
+    inner = parsed.get("error", parsed)
+    if not isinstance(inner, dict):
+        return None
+    return {key: inner.get(key, "<absent>") for key in ("type", "param", "code")}
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +113,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         result["chunks"] = [shape(chunk) for chunk in chunks]
         result["done"] = done
         result["usage"] = next((c["usage"] for c in chunks if c.get("usage")), None)
-        result["text"] = "".join(str(choice.get("delta", {}).get("content") or choice.get("text") or "")
-                                 for c in chunks for choice in c.get("choices", []))
+        result["text"] = "".join(_chunk_text(c) for c in chunks)
+        result.update(stream_end(chunks))
     else:
         try:
             parsed = json.loads(text)
@@ -94,7 +123,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         else:
             result["shape"] = shape(parsed)
             result["usage"] = parsed.get("usage") if isinstance(parsed, dict) else None
-            if status >= 400:  # for a reader of a difference: what the error said
+            if status >= 400:  # compared: the error's fields; for a reader of a difference: what it said
+                result["error"] = error_fields(parsed)
                 result["excerpt"] = text[:400]
     return result
 

@@ -2,13 +2,16 @@
 and the gate rely on (needs Docker: fails under CI=true without it).
 
 Both bases run their engine under tests/bases/engine_probe.py, which watches /health from the first
-moment, sends one battery of requests once it answers 200, and prints the results as JSON. Compared:
-/health during load and after, status codes, content types, the JSON shape of every answer and of
-every SSE chunk (keys and types, not values), usage, the error bodies, the log lines the baked grammar
-reads (images/vllm.yaml: the load line marks readiness; no baked error line during normal serving,
-client errors included), load failures (exit code, which baked error lines, no ready line, /health)
-and SIGTERM. Each difference is named. Tests that use the stand-in for speed (tests/worker, the
-gate's quick images) rely only on what this test covers.
+moment, sends one battery of requests once it answers 200, and prints the results as JSON. Both are
+launched alike (the same engine arguments, the real launch's context length among them). Compared:
+/health during load and after (status, content type, body), status codes, content types, the JSON
+shape of every answer and of every SSE chunk (keys and types, not values; a body that is not JSON
+whole), an error's type, param and code (not its wording), how a stream ends (the last chunk's shape;
+the last chunk with choices: its shape, finish_reason and whether it carries text), usage, the log
+lines the baked grammar reads (images/vllm.yaml: the load line marks readiness; no baked error line
+during normal serving, client errors included), load failures (exit code, which baked error lines, no
+ready line, /health) and SIGTERM. Each difference is named with its case. Tests that use the stand-in
+for speed (tests/worker, the gate's quick images) rely only on what this test covers.
 
 The real vLLM is ~4 GB and both cores while it loads, so the launches run two at a time at most.
 """
@@ -54,6 +57,19 @@ CASES: list[dict[str, Any]] = [
      "body": {"model": "no-such-model", "prompt": "Hi", "max_tokens": 4}},
     {"name": "invalid JSON", "path": "/v1/chat/completions", "raw": '{"model": '},
     {"name": "chat without messages", "path": "/v1/chat/completions", "body": {"model": MODEL}},
+    {"name": "completion without prompt", "path": "/v1/completions", "body": {"model": MODEL, "max_tokens": 4}},
+    {"name": "completion stream without usage", "path": "/v1/completions",
+     "body": {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": True}},
+    # Prompts longer than the context (2048 tokens): prose (~4,500 tokens), and numbers written without
+    # a space (~9,000 tokens, one whitespace-separated word), in a completion and in a chat.
+    {"name": "prose longer than the context", "path": "/v1/completions",
+     "body": {"model": MODEL, "prompt": "The capital of France is Paris, and the capital of Italy is Rome. " * 300}},
+    {"name": "numbers longer than the context", "path": "/v1/completions",
+     "body": {"model": MODEL, "prompt": ",".join(str(i) for i in range(2000)), "max_tokens": 4}},
+    {"name": "chat longer than the context", "path": "/v1/chat/completions",
+     "body": {"model": MODEL, "messages": [{"role": "user", "content": ",".join(str(i) for i in range(2000))}],
+              "max_tokens": 4}},
+    {"name": "health", "method": "GET", "path": "/health"},
 ]
 
 
@@ -97,7 +113,8 @@ def launch(docker_client: Any, vllm_image: str) -> Iterator[Any]:
             box.remove(force=True)
         started.clear()
         standin_env = {"STANDIN_LOAD_SECONDS": "2", **(standin_env or {})}
-        standin = docker_client.containers.run(vllm_image, probe_argv(MODEL, []), detach=True, entrypoint=["python3"],
+        standin = docker_client.containers.run(vllm_image, probe_argv(MODEL, REAL_ARGS), detach=True,
+                                               entrypoint=["python3"],
                                                network_mode="none", environment=standin_env)
         started.append(standin)
         real = docker_client.containers.run(real_image, probe_argv(real_model, REAL_ARGS), detach=True,
@@ -132,7 +149,7 @@ def test_health_during_load_and_after(serving: Pair) -> None:
 
 def _differences(standin: dict[str, Any], real: dict[str, Any]) -> list[str]:
     name, found = real["case"], []
-    for key in ("status", "type", "shape", "done"):
+    for key in ("status", "type", "shape", "body", "done", "error", "last_chunk", "finish_chunk"):
         if standin.get(key) != real.get(key):
             found.append(f"{name}: {key}: stand-in {standin.get(key)!r}, real vLLM {real.get(key)!r}")
     if "chunks" in real:

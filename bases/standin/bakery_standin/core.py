@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -274,9 +276,28 @@ def reply_tokens(seed: str, count: int) -> list[str]:
     return tokens[:count]
 
 
+# The pieces a byte-level BPE tokenizer (SmolLM2's, GPT-2's kind) splits text into before merging: a
+# run of letters with the space before it, each digit on its own, each other symbol with the space
+# before it, a run of whitespace.
+_PIECES = re.compile(r" ?[^\W\d_]+|\d| ?[^\w\s]|_|\s+")
+# A run of letters up to WORD_LETTERS long is taken for a word of the vocabulary, one token; a longer
+# one for LETTERS_PER_TOKEN letters a token. Against SmolLM2's tokenizer: prose and numbers exact, 250
+# tokens for 1,000 x's and 16 for two words of 34 and 28 letters exact, prose of long words +27 %.
+WORD_LETTERS = 16
+LETTERS_PER_TOKEN = 4
+
+
 def count_tokens(text: str) -> int:
-    """A rough token count (whitespace words), enough for `usage` and context-length checks."""
-    return len(text.split())
+    """An estimate of a byte-level BPE tokenizer's count, for `usage` and the context check.
+
+    Close for prose (a word is a token), and never a word count where there are no spaces: digits
+    are a token each and a long run of letters several, so a document of numbers or code that is
+    longer than the context is refused as the real engine refuses it."""
+    return sum(_letters_tokens(len(piece.strip())) if piece[-1].isalpha() else 1 for piece in _PIECES.findall(text))
+
+
+def _letters_tokens(letters: int) -> int:
+    return 1 if letters <= WORD_LETTERS else math.ceil(letters / LETTERS_PER_TOKEN)
 
 
 def message_text(messages: list[Any]) -> str:
@@ -444,10 +465,16 @@ class EngineProfile:
     # tests/bases/test_vllm_differential.py): fields always sent as null, by where they go
     # ("completion", "chat", "text_choice", "chat_choice", "message", "usage", "first_chunk",
     # "chat_chunk_choice", "text_chunk_choice", "chat_finish_choice", "text_finish_choice"); whether
-    # every chunk carries system_fingerprint (else only the usage chunk); what a chat's finish chunk's delta holds.
+    # every chunk carries system_fingerprint (else only the last: the usage chunk, or without one the
+    # finish chunk); whether a stream cut by max_tokens sends its finish_reason with the last token
+    # (else in a chunk of its own, as a stream that stops always does); what a chat's own finish
+    # chunk's delta holds.
     answer_nulls: ClassVar[dict[str, tuple[str, ...]]] = {}
     fingerprint_in_chunks = True
+    finish_with_last_token = False
     finish_delta_content: str | None = None
+    # /health's content type (None: the answer has none), for its empty body.
+    health_content_type: str | None = "application/json"
     # A body that is not JSON, and a missing field: the error type and the parameter named.
     validation_kind = "BadRequestError"
 
@@ -469,6 +496,22 @@ class EngineProfile:
 
     def check_max_tokens(self, max_tokens: int | None, max_model_len: int) -> None:
         """Refuse a max_tokens the engine refuses on its own, before the context check (none here)."""
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, count: int, max_model_len: int) -> int:
+        """Refuse a request the context cannot hold; return the tokens to generate (at most `count`).
+
+        Here the prompt and the tokens asked for (max_tokens, else the full answer) must fit together."""
+        wanted = max_tokens or count
+        if prompt_tokens + wanted > max_model_len:
+            raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. "
+                               f"However, you requested {prompt_tokens + wanted} tokens "
+                               f"({prompt_tokens} in the messages, {wanted} in the "
+                               "completion). Please reduce the length of the messages or completion.")
+        return count
+
+    def missing_prompt(self) -> RequestError:
+        """The error for a completion without a prompt (or with an empty one)."""
+        return RequestError(400, "prompt must be a string or a list of strings.")
 
     def nulls(self, where: str) -> dict[str, None]:
         """The always-null fields of one part of an answer."""
@@ -541,11 +584,12 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def send_head(self, status: int, content_type: str, length: int | None) -> None:
+    def send_head(self, status: int, content_type: str | None, length: int | None) -> None:
         self.send_response_only(status)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
-        self.send_header("content-type", content_type)
+        if content_type is not None:
+            self.send_header("content-type", content_type)
         if length is None:
             self.send_header("transfer-encoding", "chunked")
         else:
@@ -564,8 +608,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_head(status, "application/json", len(data))
         self.wfile.write(data)
 
-    def send_empty(self, status: int) -> None:
-        self.send_head(status, "application/json", 0)
+    def send_empty(self, status: int, content_type: str | None = "application/json") -> None:
+        self.send_head(status, content_type, 0)
 
     def send_error_json(self, status: int, message: str, kind: str = "BadRequestError",
                         param: str | None = None) -> None:
@@ -658,7 +702,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _health(h: Handler, _body: dict[str, Any]) -> None:
-    h.send_empty(200 if h.server.state.value == State.READY else 503)
+    h.send_empty(200 if h.server.state.value == State.READY else 503, h.server.profile.health_content_type)
 
 
 def _models(h: Handler, _body: dict[str, Any]) -> None:
@@ -694,13 +738,9 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     """Answer a completion (`kind` "text") or chat completion (`kind` "chat"), streaming or not."""
     cfg, opts, profile = h.server.cfg, h.server.opts, h.server.profile
     full = opts.reply_tokens
-    count = min(full, max_tokens) if max_tokens else full
     profile.check_max_tokens(max_tokens, cfg.max_model_len)
-    if prompt_tokens + (max_tokens or count) > cfg.max_model_len:
-        raise RequestError(400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
-                           f"However, you requested {prompt_tokens + (max_tokens or count)} tokens "
-                           f"({prompt_tokens} in the messages, {max_tokens or count} in the "
-                           "completion). Please reduce the length of the messages or completion.")
+    count = profile.check_context(prompt_tokens, max_tokens, min(full, max_tokens) if max_tokens else full,
+                                  cfg.max_model_len)
     finish = "length" if count < full else "stop"
     n = _n_choices(body)
     choices = [reply_tokens(f"{seed}\x00{i}" if i else seed, count) for i in range(n)]
@@ -753,11 +793,21 @@ def _generate(h: Handler, kind: str, seed: str, prompt_tokens: int, body: dict[s
     if kind == "chat":
         events += [({**head, "choices": [choice(i, "", None, role=True)], **profile.nulls("first_chunk")}, False)
                    for i in range(n)]
-    for step in range(count):
-        events += [({**head, "choices": [choice(i, tokens[step], None)]}, i == 0) for i, tokens in enumerate(choices)]
-    events += [({**head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False) for i in range(n)]
     options = body.get("stream_options") or {}
-    if isinstance(options, dict) and options.get("include_usage"):
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    # Without a usage chunk after them the finish chunks end the stream, and carry the fingerprint.
+    last_head = head if include_usage else {**head, "system_fingerprint": fingerprint}
+    # Cut by max_tokens, the last token's chunk carries finish_reason; a stop is a step of its own
+    # (the end-of-sequence token, no text).
+    joined = profile.finish_with_last_token and finish == "length"
+    for step in range(count):
+        last = joined and step == count - 1
+        events += [({**(last_head if last else head), "choices": [choice(i, tokens[step], finish if last else None)]},
+                    i == 0) for i, tokens in enumerate(choices)]
+    if not joined:
+        events += [({**last_head, "choices": [choice(i, "" if kind == "text" else None, finish)]}, False)
+                   for i in range(n)]
+    if include_usage:
         events.append(({**head, "system_fingerprint": fingerprint, "choices": [], "usage": usage}, False))
     events.append(("[DONE]", False))
     _stream(h, events, seed)
@@ -798,6 +848,8 @@ def _completions(h: Handler, body: dict[str, Any]) -> None:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         prompt = "\n".join(prompt)
+    if prompt is None or prompt == "":
+        raise h.server.profile.missing_prompt()
     if not isinstance(prompt, str):
         raise RequestError(400, "prompt must be a string or a list of strings.")
     _generate(h, "text", prompt, count_tokens(prompt), body, _max_tokens(body, "max_tokens"))

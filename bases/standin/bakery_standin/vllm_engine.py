@@ -120,8 +120,12 @@ class VllmProfile(EngineProfile):
         "chat_finish_choice": ("stop_reason", "token_ids"),
         "text_finish_choice": ("prompt_token_ids", "stop_reason", "token_ids"),
     }
-    fingerprint_in_chunks = False  # only the usage chunk carries it
-    finish_delta_content = ""  # a chat's finish chunk has content "", not an empty delta
+    fingerprint_in_chunks = False  # only the last chunk carries it: the usage chunk, else the finish chunk
+    # vLLM sends finish_reason with the step that finishes: the last token when max_tokens cuts the
+    # answer, the end-of-sequence token (no text: a chat's delta has content "") when it stops.
+    finish_with_last_token = True
+    finish_delta_content = ""
+    health_content_type = None  # `Response(status_code=200)`: no content type, an empty body
 
     def error_body(self, status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
         # vLLM's ErrorResponse: the error object nested under "error".
@@ -144,6 +148,22 @@ class VllmProfile(EngineProfile):
             raise RequestError(400, f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
                                f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
                                "BadRequestError", "max_tokens")
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, count: int, max_model_len: int) -> int:
+        # vLLM 0.32 refuses a prompt longer than the context (its renderer's token check, parameter
+        # input_tokens) and otherwise lowers max_tokens to what is left of the context.
+        if prompt_tokens > max_model_len:
+            raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
+                               f"your prompt contains {prompt_tokens} input tokens, which exceeds this limit even "
+                               "without any output tokens. Please reduce the length of the input prompt. "
+                               f"(parameter=input_tokens, value={prompt_tokens})", "BadRequestError", "input_tokens")
+        return max(1, min(count, max_model_len - prompt_tokens))
+
+    def missing_prompt(self) -> RequestError:
+        # The completion request's own validator raises a VLLMValidationError, which is no ValueError:
+        # pydantic lets it through and vLLM's own handler answers it (BadRequestError, its parameter).
+        return RequestError(400, "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+                            "BadRequestError", "prompt")
 
     def model_card_extra(self, cfg: ServeConfig) -> dict[str, Any]:
         return {"permission": [{
