@@ -101,15 +101,17 @@ static void answer_id(struct conn *c, char out[40]) {
 }
 
 /* One token event, or the finish event when `finish` is given: the stand-in's keys, order and
- * separators, so that an event is as many bytes as the stand-in's. */
+ * separators, so that an event is as many bytes as the stand-in's. The finish event ends a stream
+ * without a usage chunk, so it carries the fingerprint, as vLLM's does. */
 static int token_event(int epfd, int fd, struct conn *c, int k, const char *finish) {
     char data[768], id[40];
     answer_id(c, id);
     snprintf(data, sizeof data,
-             "{\"id\": \"%s\", \"object\": \"text_completion\", \"created\": %ld, \"model\": \"%s\", "
+             "{\"id\": \"%s\", \"object\": \"text_completion\", \"created\": %ld, \"model\": \"%s\", %s"
              "\"choices\": [{\"index\": 0, \"text\": \"%s\", \"logprobs\": null, \"finish_reason\": %s, "
              "\"prompt_token_ids\": null, \"stop_reason\": null, \"token_ids\": null}]}",
-             id, (long)c->created, model, finish ? "" : (k % 2 ? " floor" : " tok"), finish ? finish : "null");
+             id, (long)c->created, model, finish ? "\"system_fingerprint\": \"vllm-0.33.0+floor\", " : "",
+             finish ? "" : (k % 2 ? " floor" : " tok"), finish ? finish : "null");
     return event(epfd, fd, data);
 }
 

@@ -23,7 +23,7 @@ import pytest
 from bakery.bases import make as bases
 from bakery.paths import REPO_ROOT
 from bakery.recipe.plan import host_platform
-from bakery.release.bakefile import load_bake_file, read_target
+from bakery.release.bakefile import load_bake_file, read_target, target_name
 from bakery.release.ci import VerifiedRecord, verify_target
 from bakery.spec.engine_spec import available_engines, load_engine
 from tests.host_tools import require_buildx
@@ -52,7 +52,10 @@ def every_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_engine_has_a_target_for_this_machine(every_target: Path) -> None:
     bake = load_bake_file(every_target)
-    assert sorted(bake["target"]) == [f"{name}-{ARCH}" for name in available_engines()]
+    specs = [load_engine(name) for name in available_engines()]  # one target per engine and CUDA line
+    assert sorted(bake["target"]) == sorted(target_name(spec, host_platform(), line) for spec in specs
+                                            for line in (spec.base.cuda_variants or (None,)))
+    assert {f"{spec.name}-{ARCH}" for spec in specs} <= set(bake["target"])  # the default line keeps its name
     for name, target in bake["target"].items():
         context = every_target.parent / target["context"]
         assert (context / target["dockerfile"]).is_file() and any((context / "wheels").glob("pip-*.whl"))
