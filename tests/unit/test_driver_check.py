@@ -46,7 +46,9 @@ def test_only_a_driver_below_the_floor_is_refused(version: str, floor: int, star
     assert verdict.line.startswith("bakery: refused:" if not start else "bakery: driver check:")
 
 
-def test_an_unreadable_host_or_an_image_without_a_line_always_starts(tmp_path: Path) -> None:
+def test_an_unreadable_host_or_an_image_without_a_line_always_starts(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver.shutil, "which", lambda _name: None)  # no nvidia-smi either, as on a CPU host
     version, found = driver.read_version(tmp_path / "missing")
     assert version is None and "no NVIDIA driver visible" in found
     assert driver.decide(version, found, "13.0", 580).start
@@ -55,6 +57,31 @@ def test_an_unreadable_host_or_an_image_without_a_line_always_starts(tmp_path: P
     garbled = tmp_path / "version"
     garbled.write_text("something else\n")
     assert driver.read_version(garbled) == (None, f"{garbled} states no driver version")
+
+
+def fake_smi(tmp_path: Path, body: str) -> str:
+    """A stand-in for nvidia-smi (no GPU here): a shell script whose body answers the driver query."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{body}\n")
+    smi.chmod(0o755)
+    return str(smi)
+
+
+@pytest.mark.parametrize(("version", "start"), [("579.99.99", False), ("580.65.06", True), ("1000.1", True)])
+def test_without_the_file_nvidia_smi_is_asked(tmp_path: Path, version: str, start: bool) -> None:
+    smi = fake_smi(tmp_path, f'[ "$1" = "--query-gpu=driver_version" ] && echo "{version}"\necho "{version}"')
+    read, found = driver.read_version(tmp_path / "missing", smi=smi)
+    assert read == version and "nvidia-smi" in found and f"no {tmp_path / 'missing'}" in found
+    assert driver.decide(read, found, "13.0", 580).start is start
+
+
+@pytest.mark.parametrize("body", ["exit 9", "echo 'NVIDIA-SMI has failed'", "echo ''", "sleep 30"])
+def test_an_nvidia_smi_that_states_nothing_never_refuses(tmp_path: Path, body: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "SMI_TIMEOUT", 0.5)  # the hung one is cut at the bound
+    read, found = driver.read_version(tmp_path / "missing", smi=fake_smi(tmp_path, body))
+    assert read is None and "nvidia-smi" in found
+    assert driver.decide(read, found, "13.0", 580).start
 
 
 def _boot(tmp_path: Path, name: str, line, driver_text: str | None, serverless: bool = False):
