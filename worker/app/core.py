@@ -72,7 +72,7 @@ def install_parts(worker: Any, cfg: WorkerConfig, handlers: dict[str, Any] | Non
     check = signature_layer(platform, signature.verify(platform))
     ctx = guards.install(worker, limits, routes=settings.routes.routes, http_port=settings.worker_http_port,
                          report_addr=cfg.report_addr, handlers=handlers, platform=platform, check_signature=check,
-                         call_engine=call_engine, outcomes=outcomes)
+                         call_engine=call_engine, outcomes=outcomes, sdk=plane)
     ctx.signature_known = check.knows
     ctx.drain = serving.install(ctx, cfg.drain_seconds, limits.retry_after,  # stream release, prompt report, drain,
                     settings.error_lines, cfg.late_errors, cfg.run_dir,  # late error lines, ready mark

@@ -467,7 +467,7 @@ WebShim = sdk_seam.WebShim  # applies what the guards collected in their Context
 def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: int, report_addr: str,
             platform: Any, check_signature: Callable[[Any], bool],
             call_engine: Callable[..., Awaitable[Any]], outcomes: Any = None, active: tuple[str, ...] | None = None,
-            handlers: Mapping[str, Any] | None = None) -> Context:
+            handlers: Mapping[str, Any] | None = None, sdk: Any = None) -> Context:
     """Install the guards named in `active` (default ACTIVE) around the SDK Worker `worker`.
 
     Call after the Worker is made (it owns the Backend) and before worker.run(). `platform` holds the
@@ -475,15 +475,15 @@ def install(worker: Any, limits: Limits, *, routes: tuple[str, ...], http_port: 
     `call_engine` are the innermost layers of the request path's two chains (ctx holds them wrapped);
     `outcomes` is where outcomes are reported (default: the SDK's Metrics). `handlers` maps each
     served route to its own_handler.Route (the outcomes guard counts a refused request's workload with
-    it; without it a refusal counts no load). Raises GuardError for an unknown name or a
-    missing SDK hook.
+    it; without it a refusal counts no load); `sdk` the worker's ControlPlane (made here if not given).
+    Raises GuardError for an unknown name or a missing SDK hook.
     """
     names = ACTIVE if active is None else active
     unknown = [name for name in names if name not in INSTALLERS]
     if unknown:
         raise GuardError(f"unknown guard(s) {', '.join(unknown)} in ACTIVE; known: {', '.join(INSTALLERS)}")
     real_web = sdk_seam.real_web("install")
-    plane = sdk_seam.ControlPlane(worker.backend)
+    plane = sdk_seam.ControlPlane(worker.backend) if sdk is None else sdk
     ctx = Context(sdk=plane, limits=limits, routes=tuple(routes), http_port=http_port,
                   report_addr=report_addr, platform=platform,
                   outcomes=plane.outcomes() if outcomes is None else outcomes,
